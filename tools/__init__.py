@@ -1,0 +1,1 @@
+"""Command-line tools: train, profile_graph, bench, gen_data."""
