@@ -1,2 +1,11 @@
-"""picasso_tf: PICASSO's packing, interleaving and caching for Keras recommendation models."""
+"""picasso_tf: PICASSO's packing, interleaving and caching for Keras recommendation models.
+
+    import picasso_tf as picasso
+    model = picasso.optimize(model)          # or @picasso.optimize() on a builder
+    print(model.picasso.report())
+"""
+from picasso_tf.api import PicassoModel, optimize
+from picasso_tf.config import Config
+
 __version__ = "0.1.0"
+__all__ = ["optimize", "Config", "PicassoModel"]

@@ -1,0 +1,86 @@
+"""Config: every option of picasso_tf.optimize in one documented object.
+
+Each rewrite pass can be switched off on its own, which is how the paper's ablation
+(Table IV) is run: `picasso_tf.optimize(model, packing=False)`.
+"""
+import dataclasses
+import os
+
+# Passes in the order they run (ARCHITECTURE.md §2).
+PASS_ORDER = ("d_packing", "k_packing", "hybrid_hash", "distribute", "k_interleave")
+
+
+@dataclasses.dataclass
+class Config:
+    """Options of the rewrite and of the training step.
+
+    packing: group same-dimension embedding tables into packed tables (D-packing) and
+      replace their per-feature op chains by fused kernels (K-packing). `d_packing` /
+      `k_packing` switch the two halves separately (K-packing needs D-packing's groups).
+    shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
+      CalcVParam) is above average into several shards.
+    warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
+      without data the statistics come from the input shapes (uniform ids).
+    hybrid_hash, distribute, interleaving: the caching, hybrid-parallel and interleaving
+      passes; their slots run in order and report what they did.
+    fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels
+      (when the user's optimizer is supported) instead of the Keras optimizer.
+    lazy_optimizer: for Adam, AdamW and RMSprop (whose Keras forms decay every row of a
+      table every step), update only the rows a batch touched. Off by default: a
+      different algorithm from what the user asked for, so it is never implied.
+    check_ids: validate ids against the table sizes inside the fused kernels (errors
+      name the feature and the value).
+    """
+    packing: bool = True
+    d_packing: bool = True
+    k_packing: bool = True
+    shard_heavy_groups: bool = True
+    warmup_batches: int = 8
+    hybrid_hash: bool = False
+    distribute: bool = True
+    interleaving: bool = True
+    micro_batches: int = 1
+    fused_optimizer: bool = True
+    lazy_optimizer: bool = False
+    check_ids: bool = True
+
+    def __post_init__(self):
+        if self.micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        if self.warmup_batches < 0:
+            raise ValueError(f"warmup_batches must be >= 0, got {self.warmup_batches}")
+
+    @classmethod
+    def from_options(cls, **options):
+        """Config from keyword options, with PICASSO_<OPTION> environment overrides
+        (e.g. PICASSO_PACKING=0) so a script can be ablated without editing it."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            raise TypeError(f"unknown picasso_tf option(s) {unknown}; the options are {sorted(fields)}")
+        values = dict(options)
+        for name, field in fields.items():
+            env = os.environ.get("PICASSO_" + name.upper())
+            if env is not None:
+                values[name] = _parse_env(name, env, field.type)
+        return cls(**values)
+
+    def pass_enabled(self, name):
+        if name in ("d_packing", "k_packing"):
+            return self.packing and getattr(self, name) and (name == "d_packing" or self.d_packing)
+        if name == "k_interleave":
+            return self.interleaving
+        return getattr(self, name)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _parse_env(name, text, type_name):
+    if type_name in (bool, "bool"):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"PICASSO_{name.upper()}={text!r}: expected 1/0, true/false")
+    return int(text)

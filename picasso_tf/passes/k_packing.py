@@ -1,0 +1,120 @@
+"""K-packing (paper §III-B): replace each packed group's per-feature op chains by one
+fused lookup kernel reading the group's packed table.
+
+The new ops are built with TensorFlow's Python API in a scratch graph holding the
+original GraphDef, so that attributes and shapes come from the op definitions; the
+result is exported, rewired (consumers of every site's output now read the fused
+output) and pruned of the replaced chains.
+"""
+import collections
+
+import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops
+
+from picasso_tf.embedding.packed_table import PackedTable
+from picasso_tf.graph.graph_def_util import GraphIndex, canonical, prune, rewire, split_tensor_name
+from picasso_tf.passes.plan import PackedGroup, TableSlot
+
+# Ops that pass ids through unchanged in meaning, followed back to name a site's feature.
+_ID_PASSTHROUGH = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StridedSlice", "Unique",
+                   "SparseFillEmptyRows", "SparseReshape"}
+
+
+def k_packing(state, config):
+    captured, analysis, plan = state.graph, state.analysis, state.plan
+    if not analysis.sites:
+        return state, {"fused_lookups": 0, "sites": 0}
+    if plan.groups is None:          # D-packing off: fuse each table's lookups on its own
+        plan.groups = [PackedGroup(f"table_{i}", s.dim, s.dtype,
+                                   [TableSlot(analysis.tables[s.table], 0, s.vocab_size, 1.0)])
+                       for i, s in enumerate(_one_site_per_table(analysis))]
+    sites_by_table = collections.defaultdict(list)
+    for site in analysis.sites:
+        sites_by_table[analysis.tables[site.table].ref()].append(site)
+    feature_names = _feature_names(captured, analysis)
+
+    scratch = tf.Graph()
+    replacements, removed, new_captures, fused = {}, set(), {}, []
+    with scratch.as_default():
+        tf.graph_util.import_graph_def(captured.graph_def, name="")
+        for group in plan.groups:
+            members = [(slot, site) for slot in group.slots for site in sites_by_table[slot.variable.ref()]]
+            if not members:
+                continue
+            table = plan.packed_tables.get(group.name) or PackedTable(group)
+            plan.packed_tables[group.name] = table
+            outputs, handle = _fused_lookup(scratch, group, members, feature_names, config)
+            new_captures[canonical(handle.name)] = table.variable
+            for (_, site), out in zip(members, outputs):
+                replacements[site.output] = canonical(out.name)
+                removed.update(site.chain)
+            fused.append({"group": group.name, "sites": len(members), "tables": len(group.slots)})
+        graph_def = scratch.as_graph_def()
+
+    graph_def = rewire(graph_def, replacements, removed)
+    outputs = tf.nest.map_structure(lambda t: replacements.get(t, t), captured.output_structure)
+    reg = captured.regularization_loss
+    reg = replacements.get(reg, reg) if reg else None
+    graph_def = prune(graph_def, tf.nest.flatten(outputs) + ([reg] if reg else []))
+    present = {n.name for n in graph_def.node}
+    captures = {k: v for k, v in {**captured.captures, **new_captures}.items()
+                if split_tensor_name(k)[0] in present}
+    state.graph = type(captured)(graph_def=graph_def, input_specs=captured.input_specs,
+                                 input_tensors=captured.input_tensors, output_structure=outputs,
+                                 regularization_loss=reg, captures=captures, training=captured.training)
+    return state, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused}
+
+
+def _one_site_per_table(analysis):
+    seen, firsts = set(), []
+    for site in analysis.sites:
+        if site.table not in seen:
+            seen.add(site.table)
+            firsts.append(site)
+    return firsts
+
+
+def _fused_lookup(graph, group, members, feature_names, config):
+    """Builds ReadVariableOp(packed placeholder) -> PicassoPackedLookup for one group."""
+    from picasso_tf.ops import packed_lookup as lookup_ops   # loads the op library on first use
+    t = graph.get_tensor_by_name
+    with tf.name_scope(f"picasso/{group.name}/"):
+        handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
+        value = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
+        ids, segments, weights, counts = [], [], [], []
+        for _, site in members:
+            ids.append(t(site.ids))
+            segments.append(tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else None)
+            weights.append(tf.cast(t(site.weights), group.dtype) if site.weights else None)
+            counts.append(_num_segments(t, site))
+        outputs = lookup_ops.packed_lookup(
+            value, ids, segments, weights, counts,
+            offsets=[slot.offset for slot, _ in members],
+            vocab_sizes=[slot.rows for slot, _ in members],
+            combiners=[site.combiner for _, site in members],
+            feature_names=[feature_names[site.output] for _, site in members])
+    return outputs, handle
+
+
+def _num_segments(t, site):
+    if site.combiner == "none":
+        return None
+    if site.num_segments:
+        return tf.cast(t(site.num_segments), tf.int64)
+    # SegmentSum / SparseSegmentSum without a count: rows = last (largest) segment id + 1.
+    segs = tf.cast(t(site.segment_ids), tf.int64)
+    return tf.reduce_max(tf.concat([segs, [-1]], 0)) + 1
+
+
+def _feature_names(captured, analysis):
+    """Names each site after the model input its ids come from, else after its table."""
+    index = GraphIndex(captured.graph_def)
+    inputs = {split_tensor_name(t)[0]: spec.name for t, spec in
+              zip(captured.input_tensors, tf.nest.flatten(captured.input_specs))}
+    names = {}
+    for site in analysis.sites:
+        node = index.node(site.ids)
+        while node.op in _ID_PASSTHROUGH and node.input:
+            node = index.node(node.input[0])
+        names[site.output] = inputs.get(node.name, site.variable_name)
+    return names

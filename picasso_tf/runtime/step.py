@@ -1,0 +1,66 @@
+"""The rewritten model at run time: forward pass and the gradient/apply half of a step.
+
+Forward imports the rewritten GraphDef into the function being traced. Gradients come
+from tf.gradients (the tape does not see imported ops). Embedding tables (packed or
+not) always receive row-sparse gradients (tf.IndexedSlices); a dense gradient for a
+table is a bug and stops the trace instead of silently densifying the table.
+"""
+import tensorflow as tf
+
+from picasso_tf.graph.rebuild import conform_inputs, import_forward
+
+
+class RewrittenForward:
+    """Calls a rewritten CapturedGraph on a batch of features."""
+
+    def __init__(self, captured):
+        self.captured = captured
+
+    def __call__(self, inputs):
+        c = self.captured
+        names = c.output_tensors + ([c.regularization_loss] if c.regularization_loss else [])
+        tensors = import_forward(c.graph_def, c.input_tensors, conform_inputs(c.input_specs, inputs),
+                                 c.captures, names)
+        outputs = tf.nest.pack_sequence_as(c.output_structure, tensors[:len(c.output_tensors)])
+        reg = tensors[-1] if c.regularization_loss else None
+        return outputs, reg
+
+    @property
+    def variables(self):
+        return list(self.captured.variables.values())
+
+
+class GradientApplier:
+    """Differentiates a loss with tf.gradients and applies the updates: packed tables
+    through the fused row-sparse optimizer when one serves, everything else through
+    the user's Keras optimizer."""
+
+    def __init__(self, trainable, table_variables, fused=None):
+        self.trainable = list(trainable)
+        self.tables = {v.ref() for v in table_variables}
+        self.fused = fused          # picasso_tf.runtime.fused_update.FusedTableUpdate or None
+
+    def gradients(self, loss):
+        grads = tf.gradients(loss, self.trainable)
+        for var, grad in zip(self.trainable, grads):
+            if var.ref() in self.tables and grad is not None and not isinstance(grad, tf.IndexedSlices):
+                raise AssertionError(f"picasso_tf: the gradient of embedding table {var.name} became dense "
+                                     f"({grad.op.type}); please report this model")
+        return grads
+
+    def apply(self, optimizer, loss):
+        grads = self.gradients(loss)
+        pairs = [(g, v) for g, v in zip(grads, self.trainable) if g is not None]
+        if self.fused is None:
+            optimizer.apply_gradients(pairs)
+            return
+        fused = [(g, v) for g, v in pairs if self.fused.handles(v)]
+        rest = [(g, v) for g, v in pairs if not self.fused.handles(v)]
+        # The fused update reads optimizer.iterations before Keras increments it, so both
+        # halves of the step use the same step count.
+        update = self.fused.apply(fused, optimizer.iterations)
+        with tf.control_dependencies([update]):
+            if rest:
+                optimizer.apply_gradients(rest)
+            else:
+                optimizer.iterations.assign_add(1)
