@@ -6,6 +6,7 @@
 """
 from picasso_tf.api import PicassoModel, optimize
 from picasso_tf.config import Config
+from picasso_tf.profiling.profile import profile
 
 __version__ = "0.1.0"
-__all__ = ["optimize", "Config", "PicassoModel"]
+__all__ = ["optimize", "Config", "PicassoModel", "profile"]

@@ -33,16 +33,22 @@ def k_packing(state, config):
         sites_by_table[analysis.tables[site.table].ref()].append(site)
     feature_names = _feature_names(captured, analysis)
 
+    members_of = {}
+    for group in plan.groups:
+        members = [(slot, site) for slot in group.slots for site in sites_by_table[slot.variable.ref()]]
+        if members:
+            members_of[group.name] = members
+            if group.name not in plan.packed_tables:     # shared by the training and inference graphs
+                plan.packed_tables[group.name] = PackedTable(group)
+
     scratch = tf.Graph()
     replacements, removed, new_captures, fused = {}, set(), {}, []
     with scratch.as_default():
         tf.graph_util.import_graph_def(captured.graph_def, name="")
         for group in plan.groups:
-            members = [(slot, site) for slot in group.slots for site in sites_by_table[slot.variable.ref()]]
-            if not members:
+            if group.name not in members_of:
                 continue
-            table = plan.packed_tables.get(group.name) or PackedTable(group)
-            plan.packed_tables[group.name] = table
+            members, table = members_of[group.name], plan.packed_tables[group.name]
             outputs, handle = _fused_lookup(scratch, group, members, feature_names, config)
             new_captures[canonical(handle.name)] = table.variable
             for (_, site), out in zip(members, outputs):
@@ -81,24 +87,35 @@ def _fused_lookup(graph, group, members, feature_names, config):
     with tf.name_scope(f"picasso/{group.name}/"):
         handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
         value = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
-        ids, segments, weights, counts = [], [], [], []
+        # One shared empty tensor stands for "no segments" / "no weights" of every site.
+        no_segments, no_weights = tf.zeros([0], tf.int64), tf.zeros([0], group.dtype)
+        no_count = tf.constant(0, tf.int64)
+        id_types = {t(site.ids).dtype for _, site in members}
+        ids, segments, weights, counts, shapes = [], [], [], [], []
         for _, site in members:
-            ids.append(t(site.ids))
-            segments.append(tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else None)
-            weights.append(tf.cast(t(site.weights), group.dtype) if site.weights else None)
-            counts.append(_num_segments(t, site))
+            site_ids = t(site.ids)
+            if len(id_types) > 1:
+                site_ids = tf.cast(site_ids, tf.int64)
+            shapes.append(None)
+            if site.combiner == "none" and site_ids.shape.rank != 1:
+                shapes.append(tf.concat([tf.shape(site_ids, out_type=tf.int64), [group.dim]], 0))
+                shapes.pop(-2)
+                site_ids = tf.reshape(site_ids, [-1])
+            ids.append(site_ids)
+            segments.append(tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else no_segments)
+            weights.append(tf.cast(t(site.weights), group.dtype) if site.weights else no_weights)
+            counts.append(_num_segments(t, site) if site.combiner != "none" else no_count)
         outputs = lookup_ops.packed_lookup(
             value, ids, segments, weights, counts,
             offsets=[slot.offset for slot, _ in members],
             vocab_sizes=[slot.rows for slot, _ in members],
             combiners=[site.combiner for _, site in members],
             feature_names=[feature_names[site.output] for _, site in members])
+        outputs = [out if shape is None else tf.reshape(out, shape) for out, shape in zip(outputs, shapes)]
     return outputs, handle
 
 
 def _num_segments(t, site):
-    if site.combiner == "none":
-        return None
     if site.num_segments:
         return tf.cast(t(site.num_segments), tf.int64)
     # SegmentSum / SparseSegmentSum without a count: rows = last (largest) segment id + 1.
