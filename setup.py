@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,9 +33,7 @@ class BuildTensorFlowOps(build_ext):
 
         target = self.get_ext_fullpath(ext.name)
         sources = list(ext.sources)
-        if not self.force and os.path.exists(target) and not any(
-            os.path.getmtime(s) > os.path.getmtime(target) for s in sources + ext.depends
-        ):
+        if not self.force and self._up_to_date(target, sources, ext.depends, tf.__version__):
             return
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.makedirs(self.build_temp, exist_ok=True)
@@ -42,6 +41,9 @@ class BuildTensorFlowOps(build_ext):
         # Built on the machine that runs it, so tuning for the host CPU is safe;
         # PICASSO_CXXFLAGS overrides (e.g. "-O3" for a portable build).
         opt = shlex.split(os.environ.get("PICASSO_CXXFLAGS", "-O3 -march=native"))
+        # -fno-math-errno lets GCC vectorise loops with sqrt (Adagrad/Adam/RMSprop rows);
+        # -ffp-contract=off keeps a*b+c unfused, rounding like TF's own CPU kernels.
+        opt += ["-fno-math-errno", "-ffp-contract=off"]
         cflags = tf.sysconfig.get_compile_flags() + ["-fPIC", "-Wall", "-Wno-sign-compare"]
         cflags += ["-Icustom_ops"] + opt
 
@@ -59,8 +61,32 @@ class BuildTensorFlowOps(build_ext):
         self.announce(" ".join(link), level=2)
         subprocess.check_call(link)
         info = {"tensorflow_version": tf.__version__, "sources": [os.path.basename(s) for s in sources]}
-        with open(os.path.join(os.path.dirname(target), "_build_info.json"), "w") as f:
+        with open(_info_path(target), "w") as f:
             json.dump(info, f, indent=1)
+
+    def copy_extensions_to_source(self):
+        """In-place and editable builds copy the library into the source tree; its build
+        record goes with it."""
+        super().copy_extensions_to_source()
+        for ext in self.extensions:
+            built = os.path.join(self.build_lib, self.get_ext_filename(ext.name))
+            shutil.copyfile(_info_path(built), _info_path(self.get_ext_filename(ext.name)))
+
+    @staticmethod
+    def _up_to_date(target, sources, depends, tf_version):
+        """Built from exactly these sources, for this TensorFlow, after their last change."""
+        if not os.path.exists(target) or not os.path.exists(_info_path(target)):
+            return False
+        with open(_info_path(target)) as f:
+            info = json.load(f)
+        if info.get("tensorflow_version") != tf_version or \
+                info.get("sources") != [os.path.basename(s) for s in sources]:
+            return False
+        return all(os.path.getmtime(s) <= os.path.getmtime(target) for s in sources + depends)
+
+
+def _info_path(target):
+    return os.path.join(os.path.dirname(target), "_build_info.json")
 
 
 TOOLS = {

@@ -21,6 +21,7 @@ from picasso_tf.graph.capture import capture, input_signature
 from picasso_tf.passes.manager import run_passes
 from picasso_tf.passes.plan import RewritePlan
 from picasso_tf.passes.statistics import static_accesses, warmup_accesses
+from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.step import GradientApplier, RewrittenForward
 
 
@@ -57,6 +58,8 @@ class PicassoInfo:
         self.config = config
         self.plan = RewritePlan()
         self.reports = {}
+        self.optimizer_note = None      # how packed tables are updated, once training starts
+        self.table_variables = []       # every embedding table the analysis recognised, packed ones too
 
     @property
     def packed_tables(self):
@@ -79,6 +82,8 @@ class PicassoInfo:
             for p in rep["passes"]:
                 detail = {k: v for k, v in p.items() if k not in ("pass", "enabled", "plan", "groups")}
                 lines.append(f"  {p['pass']:<13} {'on ' if p['enabled'] else 'off'} {detail if p['enabled'] else ''}")
+        if self.optimizer_note:
+            lines.append(f"  optimizer: {self.optimizer_note}")
         for g in self.plan.describe():
             lines.append(f"  packed group {g['group']}: dim {g['dim']}, {len(g['tables'])} tables, "
                          f"{g['rows']} rows, volume {g['param_volume']}")
@@ -119,14 +124,19 @@ class PicassoModel(tf.keras.Model):
         self._forward = {True: RewrittenForward(train), False: RewrittenForward(infer)}
         # Attribute assignment makes Keras track the new variables (checkpoints, weights).
         self.packed_tables = [t.variable for t in self.picasso.packed_tables]
-        self._table_variables = list(analysis.tables.values()) + self.packed_tables
+        self.picasso.table_variables = list(analysis.tables.values()) + self.packed_tables
         self._applier = None
 
     def _gradient_applier(self):
         """Made at the first training step, once the optimizer is known."""
         if self._applier is None:
+            fused, note = make_fused_update(self.optimizer, self.picasso.packed_tables, self.picasso.config)
+            self.picasso.optimizer_note = note or (fused and f"packed tables: fused {type(self.optimizer).__name__}"
+                                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
+            # Attribute assignment tracks the slot variables, so checkpoints hold them.
+            self.packed_table_slots = fused.slots if fused else {}
             trainable = [v for v in self._forward[True].variables if v.trainable]
-            self._applier = GradientApplier(trainable, self._table_variables)
+            self._applier = GradientApplier(trainable, self.picasso.table_variables, fused)
         return self._applier
 
     def _ensure_rewritten(self, inputs):

@@ -79,7 +79,7 @@ def find_embedding_sites(captured):
             sites.extend(found)
             tables[placeholder] = variable
         elif reason is not None and (found or _looks_like_table(index, placeholder)):
-            left_alone.append({"table": variable.name, "reason": reason})
+            left_alone.append({"table": variable.name.split(":")[0], "reason": reason})
     return Analysis(sites=sites, left_alone=left_alone, tables=tables)
 
 

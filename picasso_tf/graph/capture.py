@@ -21,12 +21,26 @@ class CapturedGraph:
     input_tensors: List[str]         # placeholder tensor per flattened input spec
     output_structure: Any            # nest structure of the model's outputs (tensor names)
     regularization_loss: Optional[str]  # tensor summing model.losses, None when there are none
+    output_masks: List[Optional[str]]  # per flattened output its Keras mask (Keras weights losses by it)
     captures: Dict[str, Any]         # placeholder tensor -> tf.Variable or outside tensor
     training: bool
 
     @property
     def output_tensors(self):
         return tf.nest.flatten(self.output_structure)
+
+    @property
+    def mask_tensors(self):
+        return [m for m in self.output_masks if m]
+
+    def with_graph(self, graph_def, replacements, captures):
+        """A copy over a rewritten GraphDef whose tensors in `replacements` were replaced."""
+        rename = lambda t: replacements.get(t, t)
+        return dataclasses.replace(
+            self, graph_def=graph_def, captures=captures,
+            output_structure=tf.nest.map_structure(rename, self.output_structure),
+            output_masks=[rename(m) if m else None for m in self.output_masks],
+            regularization_loss=rename(self.regularization_loss) if self.regularization_loss else None)
 
     @property
     def variables(self):
@@ -72,7 +86,8 @@ def capture(model, specs, training):
     def forward(inputs):
         outputs = model(inputs, training=training)
         losses = model.losses
-        return outputs, (tf.add_n([tf.cast(l, tf.float32) for l in losses]) if losses else None)
+        masks = [getattr(t, "_keras_mask", None) for t in tf.nest.flatten(outputs)]
+        return outputs, (tf.add_n([tf.cast(l, tf.float32) for l in losses]) if losses else None), masks
 
     concrete = tf.function(forward).get_concrete_function(specs)
     graph = concrete.graph
@@ -82,10 +97,12 @@ def capture(model, specs, training):
     captures = {}
     for external, internal in graph.captures:
         captures[canonical(internal.name)] = variables_by_handle.get(id(external), external)
-    outputs, reg = concrete.structured_outputs
+    outputs, reg, masks = concrete.structured_outputs
     output_structure = tf.nest.map_structure(lambda t: canonical(t.name), outputs)
+    output_masks = [canonical(m.name) if m is not None else None for m in masks]
     return CapturedGraph(
         graph_def=graph.as_graph_def(), input_specs=specs, input_tensors=input_tensors,
         output_structure=output_structure,
         regularization_loss=canonical(reg.name) if reg is not None else None,
+        output_masks=output_masks,
         captures=captures, training=training)

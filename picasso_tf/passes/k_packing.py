@@ -58,16 +58,15 @@ def k_packing(state, config):
         graph_def = scratch.as_graph_def()
 
     graph_def = rewire(graph_def, replacements, removed)
-    outputs = tf.nest.map_structure(lambda t: replacements.get(t, t), captured.output_structure)
-    reg = captured.regularization_loss
-    reg = replacements.get(reg, reg) if reg else None
-    graph_def = prune(graph_def, tf.nest.flatten(outputs) + ([reg] if reg else []))
+    rewritten = captured.with_graph(graph_def, replacements, {})
+    keep_outputs = rewritten.output_tensors + rewritten.mask_tensors + (
+        [rewritten.regularization_loss] if rewritten.regularization_loss else [])
+    # Inputs stay, used or not, so that feeding every feature keeps working.
+    graph_def = prune(graph_def, keep_outputs, keep=captured.input_tensors)
     present = {n.name for n in graph_def.node}
     captures = {k: v for k, v in {**captured.captures, **new_captures}.items()
                 if split_tensor_name(k)[0] in present}
-    state.graph = type(captured)(graph_def=graph_def, input_specs=captured.input_specs,
-                                 input_tensors=captured.input_tensors, output_structure=outputs,
-                                 regularization_loss=reg, captures=captures, training=captured.training)
+    state.graph = captured.with_graph(graph_def, replacements, captures)
     return state, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused}
 
 

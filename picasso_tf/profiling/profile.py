@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from picasso_tf.graph.capture import capture, input_signature
 from picasso_tf.profiling.op_counts import RESOURCE_CLASSES, count_ops, summarize
+from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.step import GradientApplier
 
 
@@ -75,8 +76,9 @@ def _baseline_step(model):
 
 def _picasso_step(model):
     loss_fn, opt = _loss_fn(model), _fresh_optimizer(model)
-    template = model._gradient_applier()
-    applier = GradientApplier(template.trainable, [], template.fused)
+    fused, _ = make_fused_update(opt, model.picasso.packed_tables, model.picasso.config)
+    trainable = [v for v in model._forward[True].variables if v.trainable]
+    applier = GradientApplier(trainable, [], fused)
 
     def step(x, y):
         pred, reg = model._forward[True](x)

@@ -18,10 +18,16 @@ class RewrittenForward:
 
     def __call__(self, inputs):
         c = self.captured
-        names = c.output_tensors + ([c.regularization_loss] if c.regularization_loss else [])
+        outs, masks = c.output_tensors, c.mask_tensors
+        names = outs + masks + ([c.regularization_loss] if c.regularization_loss else [])
         tensors = import_forward(c.graph_def, c.input_tensors, conform_inputs(c.input_specs, inputs),
                                  c.captures, names)
-        outputs = tf.nest.pack_sequence_as(c.output_structure, tensors[:len(c.output_tensors)])
+        flat_outputs = tensors[:len(outs)]
+        mask_values = iter(tensors[len(outs):len(outs) + len(masks)])
+        for tensor, mask in zip(flat_outputs, c.output_masks):
+            if mask:
+                tensor._keras_mask = next(mask_values)  # Keras weights the loss by an output's mask
+        outputs = tf.nest.pack_sequence_as(c.output_structure, flat_outputs)
         reg = tensors[-1] if c.regularization_loss else None
         return outputs, reg
 
