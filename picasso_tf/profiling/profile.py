@@ -11,6 +11,7 @@ import os
 import tensorflow as tf
 
 from picasso_tf.graph.capture import capture, input_signature
+from picasso_tf.graph.graph_def_util import prune
 from picasso_tf.profiling.op_counts import RESOURCE_CLASSES, count_ops, summarize
 from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.step import GradientApplier
@@ -89,7 +90,11 @@ def _picasso_step(model):
 
 
 def _step_graph(step, specs, label_spec):
-    return tf.function(step).get_concrete_function(specs, label_spec).graph.as_graph_def()
+    """The step's GraphDef without ops that never run (e.g. placeholders that imports
+    mapped to other tensors), as TensorFlow's runtime prunes them too."""
+    graph = tf.function(step).get_concrete_function(specs, label_spec).graph
+    return prune(graph.as_graph_def(), [t.name for t in graph.outputs],
+                 keep=[op.name for op in graph.control_outputs])
 
 
 def _write(out_dir, graphs, report):

@@ -1,0 +1,159 @@
+"""D-packing and K-packing: exact training under every fused optimizer, determinism,
+the paper's sharding example, op-count reduction and clear errors for bad ids."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+from picasso_tf.profiling.profile import profile
+
+BATCH = 64
+FIELDS = [("u", 40, 8), ("i", 60, 16), ("c", 10, 8), ("g", 30, 32)]   # name, vocab, dim
+SEQ = ("hist", 60, 5)      # shares the "i" table, masked sum pooling
+
+
+def model_builder(seed=3):
+    def build():
+        tf.keras.utils.set_random_seed(seed)
+        x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
+        x[SEQ[0]] = tf.keras.Input((SEQ[2],), dtype="int64", name=SEQ[0])
+        tables = {n: tf.keras.layers.Embedding(v, d, name=f"emb_{n}") for n, v, d in FIELDS}
+        parts = [tables[n](x[n]) for n, _, _ in FIELDS]
+        hist = tables["i"](x[SEQ[0]])
+        mask = tf.cast(tf.not_equal(x[SEQ[0]], 0), tf.float32)[..., None]
+        parts.append(tf.reduce_sum(hist * mask, axis=1))
+        h = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.Concatenate()(parts))
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+    return build
+
+
+def batches(steps, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        x = {n: rng.zipf(1.3, BATCH) % v for n, v, _ in FIELDS}
+        x[SEQ[0]] = rng.zipf(1.3, (BATCH, SEQ[2])) % SEQ[1]
+        out.append((x, (rng.random(BATCH) < 0.3).astype("float32")))
+    return out
+
+
+def run(model, optimizer, steps, seed=0):
+    model.compile(optimizer=optimizer, loss="binary_crossentropy")
+    return np.array([model.train_on_batch(x, y) for x, y in batches(steps, seed)])
+
+
+OPTIMIZERS = {
+    "sgd": lambda: tf.keras.optimizers.SGD(0.3),
+    "adagrad": lambda: tf.keras.optimizers.Adagrad(0.2),
+    "ftrl": lambda: tf.keras.optimizers.Ftrl(0.2, l1_regularization_strength=0.001,
+                                             l2_regularization_strength=0.001),
+    "adam": lambda: tf.keras.optimizers.Adam(0.01),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_packed_model_matches_baseline_for_50_steps(optimizer):
+    build = model_builder()
+    baseline, optimized = build(), picasso.optimize(build())
+    assert len(optimized.picasso.packed_tables) >= 2
+    base_losses = run(baseline, OPTIMIZERS[optimizer](), 50)
+    opt_losses = run(optimized, OPTIMIZERS[optimizer](), 50)
+    assert optimized.picasso.optimizer_note.startswith("packed tables: fused")
+    np.testing.assert_allclose(opt_losses, base_losses, rtol=1e-5, atol=1e-5)
+    optimized.picasso.write_back()
+    for b, o in zip(baseline.weights, optimized.original.weights):
+        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
+
+
+def test_two_runs_are_bit_identical():
+    build = model_builder()
+    first, second = picasso.optimize(build()), picasso.optimize(build())
+    np.testing.assert_array_equal(run(first, tf.keras.optimizers.Adam(0.01), 10),
+                                  run(second, tf.keras.optimizers.Adam(0.01), 10))
+    for a, b in zip(first.picasso.packed_tables, second.picasso.packed_tables):
+        np.testing.assert_array_equal(a.variable.numpy(), b.variable.numpy())
+
+
+def test_lazy_adam_matches_numpy_lazy_adam():
+    """Each step: the table gradient comes from the baseline model at the same weights;
+    NumPy's lazy Adam updates only the rows that have one."""
+    build = model_builder()
+    baseline, optimized = build(), picasso.optimize(build(), lazy_optimizer=True)
+    optimized.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+    table_names = [v.name for v in baseline.weights if v.name.startswith("emb_")]
+    state = {n: (np.zeros(v.shape), np.zeros(v.shape)) for n, v in
+             ((v.name, v) for v in baseline.weights) if n in table_names}
+    lr, b1, b2, eps = 0.05, 0.9, 0.999, 1e-7
+    for t, (x, y) in enumerate(batches(4), start=1):
+        optimized.picasso.write_back()
+        baseline.set_weights(optimized.original.get_weights())
+        with tf.GradientTape() as tape:
+            loss = tf.keras.losses.binary_crossentropy(y[:, None], baseline(x, training=True))
+            loss = tf.reduce_mean(loss)
+        grads = dict(zip([v.name for v in baseline.trainable_weights],
+                         tape.gradient(loss, baseline.trainable_weights)))
+        expected = {}
+        for name in table_names:
+            g = tf.convert_to_tensor(grads[name]).numpy()          # dense only in the test
+            rows = np.unique(grads[name].indices.numpy())
+            m, v = state[name]
+            m[rows] = b1 * m[rows] + (1 - b1) * g[rows]
+            v[rows] = b2 * v[rows] + (1 - b2) * g[rows] ** 2
+            alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+            table = baseline.get_layer(name.split("/")[0]).embeddings.numpy().astype(np.float64)
+            table[rows] -= m[rows] * alpha / (np.sqrt(v[rows]) + eps)
+            expected[name] = table
+        optimized.train_on_batch(x, y)
+        optimized.picasso.write_back()
+        for name, table in expected.items():
+            got = optimized.original.get_layer(name.split("/")[0]).embeddings.numpy()
+            np.testing.assert_allclose(got, table, rtol=1e-4, atol=1e-6, err_msg=f"step {t} {name}")
+
+
+def test_calc_vparam_shards_heavy_groups_like_the_paper():
+    """Uniform data, same number of tables per dim: dim-8 stays one packed group while
+    dim-32 becomes four shards (paper §III-B, Eq. 1)."""
+    x = {f"f{i}": tf.keras.Input((), dtype="int64", name=f"f{i}") for i in range(12)}
+    embs = [tf.keras.layers.Embedding(100, [8, 16, 32][i % 3])(x[f"f{i}"]) for i in range(12)]
+    model = tf.keras.Model(x, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(embs)))
+    plan = picasso.optimize(model).picasso.plan
+    shards = {}
+    for group in plan.groups:
+        shards[group.dim] = shards.get(group.dim, 0) + 1
+    assert shards == {8: 1, 16: 1, 32: 4}
+    assert picasso.optimize(model, shard_heavy_groups=False).picasso.plan.groups[-1].dim == 32
+    assert len(picasso.optimize(model, shard_heavy_groups=False).picasso.plan.groups) == 3
+
+
+def test_warmup_statistics_count_ids_per_example():
+    build = model_builder()
+    data = tf.data.Dataset.from_tensor_slices(batches(1)[0]).batch(16)
+    plan = picasso.optimize(build(), warmup_data=data, warmup_batches=2).picasso.plan
+    assert plan.statistics_source == "2 warm-up batches"
+    assert plan.accesses["emb_u/embeddings"] == pytest.approx(1.0)
+    assert plan.accesses["emb_i/embeddings"] == pytest.approx(1.0 + SEQ[2])   # item + its history
+
+
+def test_training_step_ops_drop_to_a_tenth_for_200_fields():
+    x = {f"f{i}": tf.keras.Input((), dtype="int64", name=f"f{i}") for i in range(200)}
+    embs = [tf.keras.layers.Embedding(1000, [8, 16, 32][i % 3])(x[f"f{i}"]) for i in range(200)]
+    model = picasso.optimize(tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(
+        tf.keras.layers.Concatenate()(embs))))
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    rng = np.random.default_rng(0)
+    batch = ({f"f{i}": rng.integers(0, 1000, 8) for i in range(200)}, np.ones(8, np.float32))
+    report = profile(model, batch, out_dir=None)
+    assert report["embedding_sites"] == 200
+    assert report["step_op_ratio"] <= 0.10, report["step_op_ratio"]
+
+
+def test_out_of_range_id_names_the_feature_and_value():
+    model = picasso.optimize(model_builder()())
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    x, y = batches(1)[0]
+    x = dict(x, c=np.full(BATCH, 10))             # vocabulary of "c" is 10
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'c'.*10"):
+        model.train_on_batch(x, y)
+    x = dict(x, c=np.full(BATCH, -1))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'c'.*-1"):
+        model.predict_on_batch(x)
