@@ -18,7 +18,7 @@ class Config:
       replace their per-feature op chains by fused kernels (K-packing). `d_packing` /
       `k_packing` switch the two halves separately (K-packing needs D-packing's groups).
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
-      CalcVParam) is above average into several shards.
+      CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
       without data the statistics come from the input shapes (uniform ids).
     hybrid_hash, distribute, interleaving: the caching, hybrid-parallel and interleaving
@@ -35,6 +35,7 @@ class Config:
     d_packing: bool = True
     k_packing: bool = True
     shard_heavy_groups: bool = True
+    max_shards: int = 4
     warmup_batches: int = 8
     hybrid_hash: bool = False
     distribute: bool = True
@@ -47,6 +48,8 @@ class Config:
     def __post_init__(self):
         if self.micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        if self.max_shards < 1:
+            raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
         if self.warmup_batches < 0:
             raise ValueError(f"warmup_batches must be >= 0, got {self.warmup_batches}")
 

@@ -2,8 +2,9 @@
 
 Each group becomes one packed table, its member tables stacked at row offsets. Groups
 whose parameter volume (Eq. 1, CalcVParam) is above the average are split evenly into
-shards, as many as their volume is multiple of the lightest group's: with uniform ids,
-dim-8 tables stay one group while dim-32 tables become four shards.
+shards, as many as their volume is multiple of the lightest group's (at most
+max_shards): with uniform ids, dim-8 tables stay one group while dim-32 tables become
+four shards.
 """
 import collections
 
@@ -12,13 +13,14 @@ from picasso_tf.passes.plan import PackedGroup, TableSlot
 
 def d_packing(state, config):
     if state.plan.groups is None:      # planned once, on the first (training) graph
-        state.plan.groups = plan_groups(state.analysis, state.plan.accesses, config.shard_heavy_groups)
+        state.plan.groups = plan_groups(state.analysis, state.plan.accesses,
+                                        config.max_shards if config.shard_heavy_groups else 1)
     groups = state.plan.groups
     return state, {"groups": len(groups), "tables": sum(len(g.slots) for g in groups),
                    "statistics": state.plan.statistics_source, "plan": state.plan.describe()}
 
 
-def plan_groups(analysis, accesses, shard_heavy_groups=True):
+def plan_groups(analysis, accesses, max_shards=4):
     by_key = collections.OrderedDict()
     for site in analysis.sites:
         variable = analysis.tables[site.table]
@@ -35,8 +37,8 @@ def plan_groups(analysis, accesses, shard_heavy_groups=True):
     packed = []
     for (dim, dtype, slots), volume in zip(groups, volumes):
         shards = 1
-        if shard_heavy_groups and volume > mean and lightest > 0:
-            shards = max(1, min(len(slots), round(volume / lightest)))
+        if volume > mean and lightest > 0:
+            shards = max(1, min(len(slots), max_shards, round(volume / lightest)))
         for i, shard in enumerate(_balanced_split(slots, dim, shards)):
             name = f"packed_{dtype.name}_d{dim}" + (f"_s{i}" if shards > 1 else "")
             packed.append(PackedGroup(name=name, dim=dim, dtype=dtype, slots=_with_offsets(shard)))
