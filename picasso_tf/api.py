@@ -125,6 +125,8 @@ class PicassoModel(tf.keras.Model):
         # Attribute assignment makes Keras track the new variables (checkpoints, weights).
         self.packed_tables = [t.variable for t in self.picasso.packed_tables]
         self.picasso.table_variables = list(analysis.tables.values()) + self.packed_tables
+        self._densely_read = [v for v in analysis.tables.values() if analysis.densely_read(v)] + [
+            t.variable for t in self.picasso.packed_tables if t.group.densely_read]
         self._applier = None
 
     def _gradient_applier(self):
@@ -136,7 +138,7 @@ class PicassoModel(tf.keras.Model):
             # Attribute assignment tracks the slot variables, so checkpoints hold them.
             self.packed_table_slots = fused.slots if fused else {}
             trainable = [v for v in self._forward[True].variables if v.trainable]
-            self._applier = GradientApplier(trainable, self.picasso.table_variables, fused)
+            self._applier = GradientApplier(trainable, self.picasso.table_variables, fused, self._densely_read)
         return self._applier
 
     def _ensure_rewritten(self, inputs):

@@ -1,7 +1,10 @@
 """tf.data plumbing the readers share: input paths, the record pipeline, labels, checks."""
+import numbers
 import os
 
 import tensorflow as tf
+
+from picasso_tf.data.schema import DENSE
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -27,7 +30,8 @@ def expand_paths(paths):
 
 
 def check_shard(rank, world):
-    if not (isinstance(world, int) and isinstance(rank, int) and world >= 1 and 0 <= rank < world):
+    integers = isinstance(rank, numbers.Integral) and isinstance(world, numbers.Integral)
+    if not (integers and world >= 1 and 0 <= rank < world):
         raise ValueError(f"shard (rank={rank!r}, world={world!r}) needs integers with 0 <= rank < world")
 
 
@@ -35,21 +39,25 @@ def finish(dataset, prefetch):
     return dataset.prefetch(AUTOTUNE) if prefetch else dataset
 
 
-def record_pipeline(files, open_records, parse_batch, *, batch_size, shuffle, shuffle_buffer, seed,
-                    repeat, drop_remainder, rank, world, prefetch):
+def record_pipeline(files, open_records, parse_block, *, batch_size, shuffle, shuffle_buffer, seed, repeat,
+                    drop_remainder, rank, world, prefetch, shuffle_block=256):
     """The pipeline of the record-per-example readers (text lines, TFRecords).
 
     open_records(path tensor) -> Dataset of the file's records (strings).
-    parse_batch(file_index [B] int64, record_index [B] int64 (0-based within its
-    file), records [B] string) -> (features, label).
+    parse_block(file_index scalar int64, record_index [n] int64 (0-based within the
+    file), records [n] string) -> (features, label) of those n records.
 
-    Examples are sharded round-robin over (rank, world): every rank reads every file
-    but parses only its own records. Files are visited in one order on all ranks
-    (shuffled per epoch with the shared seed when shuffle=True), so the shards are
-    disjoint and together cover the input; records are then shuffled per rank in a
-    buffer of shuffle_buffer examples. Parsing runs on whole batches.
+    Records are parsed in blocks of consecutive records of one file, whole blocks at
+    a time, then cut into batches of batch_size (Dataset.rebatch): nothing runs per
+    record, which is what makes text readable at the rate of its parsing ops.
+    Sharding: record i of each file belongs to rank i % world, so every rank reads
+    every file and parses only its own records; shards are disjoint and cover the
+    input whatever the file order. Shuffling (anew on every pass): the file order,
+    then blocks of shuffle_block records drawn from a buffer of about shuffle_buffer
+    records, so a batch gathers batch_size / shuffle_block random blocks.
     """
     check_shard(rank, world)
+    block = min(batch_size, shuffle_block) if shuffle else batch_size
     file_names = tf.constant(files)
     order = tf.data.Dataset.range(len(files))
     if shuffle:
@@ -57,19 +65,21 @@ def record_pipeline(files, open_records, parse_batch, *, batch_size, shuffle, sh
     if repeat:
         order = order.repeat()
 
-    def records_of(i):
-        records = open_records(file_names[i])
-        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(i).repeat(), tf.data.Dataset.range(tf.int64.max),
-                                    records))
+    def blocks_of(file_index):
+        def numbered(block_index, records):
+            index = block_index * block + tf.range(tf.size(records, out_type=tf.int64))
+            if world > 1:
+                mine = tf.equal(index % world, rank)
+                index, records = index[mine], records[mine]
+            return file_index, index, records
+        blocks = open_records(file_names[file_index]).batch(block).enumerate().map(numbered)
+        return blocks.filter(lambda f, i, records: tf.size(records) > 0) if world > 1 else blocks
 
-    ds = order.flat_map(records_of)
-    if world > 1:
-        ds = ds.shard(world, rank)
+    blocks = order.flat_map(blocks_of)
     if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.map(parse_batch, num_parallel_calls=AUTOTUNE)
-    return finish(ds, prefetch)
+        blocks = blocks.shuffle(max(1, shuffle_buffer // block), seed=seed)
+    parsed = blocks.map(parse_block, num_parallel_calls=AUTOTUNE)
+    return finish(parsed.rebatch(batch_size, drop_remainder=drop_remainder), prefetch)
 
 
 def split_labels(schema, columns):
@@ -98,3 +108,38 @@ def first_true(mask):
 def pad_ragged(ragged, max_len):
     """[B, None] ragged -> [B, max_len] dense, right-padded with 0, longer rows cut."""
     return ragged[:, :max_len].to_tensor(0, shape=[None, max_len])
+
+
+def checked_values(schema, features, example_name):
+    """`features`, released only if every categorical and sequence id lies in
+    [0, vocab_size) and no dense value is NaN; otherwise the pipeline fails naming the
+    example, the feature and the value.
+
+    example_name(row) -> scalar string tensor naming the row (file and record).
+    """
+    lows, highs, bad = [], [], []
+    for f in schema.features:
+        values = features[f.name]
+        values = tf.reshape(values, [tf.shape(values)[0], -1])
+        if f.kind == DENSE:
+            nan = tf.reduce_any(tf.math.is_nan(values), axis=1)
+            lows.append(tf.zeros_like(nan, tf.int64))
+            highs.append(tf.zeros_like(nan, tf.int64))
+            bad.append(nan)
+        else:
+            lows.append(tf.reduce_min(values, axis=1))
+            highs.append(tf.reduce_max(values, axis=1))
+            bad.append((lows[-1] < 0) | (highs[-1] >= f.vocab_size))
+    bad = tf.stack(bad, axis=1)
+    row, col = first_true(bad)
+    vocab = tf.constant([f.vocab_size or 0 for f in schema.features], tf.int64)
+    high, low = tf.stack(highs, 1)[row, col], tf.stack(lows, 1)[row, col]
+    problem = tf.where(
+        tf.constant([f.kind == DENSE for f in schema.features])[col],
+        "NaN; replace missing values (e.g. by 0) when writing the data",
+        tf.strings.join(["id ", tf.strings.as_string(tf.where(high >= vocab[col], high, low)), " is outside [0, ",
+                         tf.strings.as_string(vocab[col]), "); id 0 means missing. Re-index the values or raise "
+                         "vocab_size in the schema"]))
+    message = tf.strings.join([example_name(row), ", feature ", tf.constant([f.name for f in schema.features])[col],
+                               ": ", problem])
+    return checked(~tf.reduce_any(bad), message, features)

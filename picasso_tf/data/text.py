@@ -1,8 +1,8 @@
 """Delimited text (CSV/TSV) reading and writing, one example per line.
 
-The engine here parses whole batches of lines with TensorFlow string ops and checks
-every cell against a regular expression in the same pass, so validation costs no
-Python per line. A bad line stops the pipeline with tf.errors.InvalidArgumentError
+The engine here parses blocks of lines with TensorFlow string ops and checks every
+cell in the same pass (a regular expression, or byte arithmetic for hex), so
+validation costs no Python per line. A bad line stops the pipeline with tf.errors.InvalidArgumentError
 naming the file, line (1-based, header included), column, value and what was
 expected. Fields are split on the delimiter alone: no quoting, so values may not
 contain it.
@@ -13,7 +13,6 @@ separated by single spaces; an empty cell is missing (0.0 / id 0 / no ids).
 Criteo's format builds on the same engine (see criteo.py).
 """
 import dataclasses
-from typing import Callable, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,15 +22,15 @@ import tensorflow as tf
 from picasso_tf.data import arrow, pipeline
 from picasso_tf.data.dataset import iter_chunks
 from picasso_tf.data.errors import DataFormatError
-from picasso_tf.data.hashing import HEX_DIGITS, fold_hex
+from picasso_tf.data.hashing import HEX_DIGITS, fold_hex_checked
 from picasso_tf.data.schema import CATEGORICAL, DENSE
 
+KINDS = ("label", "number", "id", "hex", "ids")   # how a column is decoded, see _decode
 _INT = r"\d{1,18}"
-PATTERNS = {
+PATTERNS = {   # what a cell of each kind may hold ("hex" is checked on its bytes)
     "label": r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?",
     "number": r"([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?)?",
     "id": f"({_INT})?",
-    "hex": f"([0-9a-fA-F]{{1,{HEX_DIGITS}}})?",
     "ids": f"({_INT}( {_INT})*)?",
 }
 _SHOWN_CHARS = 40   # longest value quoted in an error message
@@ -39,7 +38,7 @@ _SHOWN_CHARS = 40   # longest value quoted in an error message
 
 @dataclasses.dataclass(frozen=True)
 class TextColumn:
-    """How to decode one column: kind is a key of PATTERNS."""
+    """How to decode one column: kind is one of KINDS."""
     name: str
     kind: str
     vocab_size: int = 0
@@ -91,36 +90,47 @@ def header_positions(files, delimiter, names):
     return [header.index(n) for n in names], len(header)
 
 
-class _Decoder:
-    """Decodes and checks one column of a batch of split lines."""
+def _decode(kind, cells, columns, dense_default, dense_transform):
+    """cells [B, k]: k columns of one kind -> (ok [B, k] bool, [value tensor of each column]).
 
-    def __init__(self, column: TextColumn, dense_default: float,
-                 dense_transform: Optional[Callable[[tf.Tensor], tf.Tensor]]):
-        self.column = column
-        self.dense_default = dense_default
-        self.dense_transform = dense_transform
+    Columns of a kind are decoded together, a few ops per batch rather than per column.
+    Cells that fail their check decode as missing; the caller reports them.
+    """
+    empty = tf.equal(cells, "")
+    if kind == "hex":
+        ids, ok = fold_hex_checked(cells, [c.vocab_size for c in columns])
+        return ok, tf.unstack(ids, axis=1)
+    if kind == "ids":   # one column: a sequence is ragged
+        (column,) = columns
+        ok = tf.strings.regex_full_match(cells[:, 0], PATTERNS[kind])
+        ids = tf.ragged.map_flat_values(tf.strings.to_number, tf.strings.split(tf.where(ok, cells[:, 0], "")),
+                                        tf.int64)
+        ok &= tf.reduce_max(ids, axis=1) < column.vocab_size   # an empty row reduces to int64 min
+        return ok[:, None], [pipeline.pad_ragged(ids, column.max_len)]
+    ok = tf.strings.regex_full_match(cells, PATTERNS[kind])
+    text = tf.where(ok & ~empty, cells, "0")
+    if kind == "id":
+        value = tf.strings.to_number(text, tf.int64)
+        ok &= value < tf.constant([c.vocab_size for c in columns], tf.int64)
+        return ok, tf.unstack(value, axis=1)
+    value = tf.strings.to_number(text, tf.float32)
+    if kind == "number":
+        if dense_transform is not None:
+            value = dense_transform(value)
+        value = tf.where(empty, tf.constant(dense_default, tf.float32), value)
+    return ok, tf.unstack(value, axis=1)
 
-    def __call__(self, cells):
-        """cells [B] string -> (ok [B] bool, value tensor)."""
-        col = self.column
-        ok = tf.strings.regex_full_match(cells, PATTERNS[col.kind])
-        empty = tf.equal(cells, "")
-        clean = tf.where(ok, cells, "")   # bad cells decode as missing; the check reports them
-        if col.kind in ("label", "number"):
-            value = tf.strings.to_number(tf.where(empty | ~ok, "0", cells), tf.float32)
-            if col.kind == "number":
-                if self.dense_transform is not None:
-                    value = self.dense_transform(value)
-                value = tf.where(empty, tf.constant(self.dense_default, tf.float32), value)
-            return ok, value
-        if col.kind == "hex":
-            return ok, fold_hex(clean, col.vocab_size)
-        if col.kind == "id":
-            value = tf.strings.to_number(tf.where(empty | ~ok, "0", cells), tf.int64)
-            return ok & (value < col.vocab_size), value
-        ids = tf.ragged.map_flat_values(tf.strings.to_number, tf.strings.split(clean), tf.int64)
-        in_range = tf.reduce_max(ids, axis=1) < col.vocab_size   # an empty row reduces to int64 min
-        return ok & in_range, pipeline.pad_ragged(ids, col.max_len)
+
+def _groups(columns, positions):
+    """[(kind, columns, positions)]: the columns of each kind together, each sequence alone."""
+    groups = []
+    for kind in KINDS:
+        members = [(c, p) for c, p in zip(columns, positions) if c.kind == kind]
+        if kind == "ids":
+            groups += [(kind, [c], [p]) for c, p in members]
+        elif members:
+            groups.append((kind, [c for c, _ in members], [p for _, p in members]))
+    return groups
 
 
 def read_delimited(files, schema, columns, positions, num_fields, delimiter, header_lines, *,
@@ -131,31 +141,35 @@ def read_delimited(files, schema, columns, positions, num_fields, delimiter, hea
 
     columns: the TextColumns to decode (labels and schema features), found at
     `positions` among `num_fields` fields of each line; the first header_lines lines
-    of every file are skipped.
+    of every file are skipped. dense_transform maps parsed dense values (not labels).
     """
     if delimiter in ("", " "):
         raise ValueError(f"delimiter {delimiter!r} is not supported; spaces separate the ids of a sequence")
-    decoders = [_Decoder(c, dense_default, dense_transform) for c in columns]
+    groups = _groups(columns, positions)
+    ordered = [(c, p) for _, cs, ps in groups for c, p in zip(cs, ps)]   # the columns of bad_cells
     file_names = tf.constant(files)
-    column_names = tf.constant([c.name for c in columns])
-    expectations = tf.constant([c.expectation() for c in columns])
+    column_names = tf.constant([c.name for c, _ in ordered])
+    column_positions = tf.constant([p for _, p in ordered], tf.int64)
+    expectations = tf.constant([c.expectation() for c, _ in ordered])
     delimiter_name = {"\t": "tabs", ",": "commas"}.get(delimiter, repr(delimiter))
 
-    def parse_batch(file_index, line_index, lines):
+    def parse_block(file_index, line_index, lines):
         fields = tf.strings.split(lines, sep=delimiter)
         counts = fields.row_lengths()
         cells = fields.to_tensor("", shape=[None, num_fields])
         oks, values = [], {}
-        for decoder, pos in zip(decoders, positions):
-            ok, values[decoder.column.name] = decoder(cells[:, pos])
+        for kind, group, group_positions in groups:
+            ok, decoded = _decode(kind, tf.gather(cells, group_positions, axis=1), group, dense_default,
+                                  dense_transform)
             oks.append(ok)
+            values.update(zip([c.name for c in group], decoded))
         bad_count = tf.not_equal(counts, num_fields)
-        bad_cells = tf.logical_not(tf.stack(oks, axis=1))
+        bad_cells = tf.logical_not(tf.concat(oks, axis=1))
         bad_rows = bad_count | tf.reduce_any(bad_cells, axis=1)
         row = tf.argmax(tf.cast(bad_rows, tf.int32), output_type=tf.int64)
         col = tf.argmax(tf.cast(bad_cells[row], tf.int32), output_type=tf.int64)
-        value = cells[row, tf.gather(positions, col)]
-        where = tf.strings.join([file_names[file_index[row]], ", line ",
+        value = cells[row, column_positions[col]]
+        where = tf.strings.join([file_names[file_index], ", line ",
                                  tf.strings.as_string(line_index[row] + 1 + header_lines)])
         count_message = tf.strings.join([
             where, ": found ", tf.strings.as_string(counts[row]), f" fields separated by {delimiter_name}, "
@@ -168,12 +182,12 @@ def read_delimited(files, schema, columns, positions, num_fields, delimiter, hea
         return pipeline.checked(~tf.reduce_any(bad_rows), message, pipeline.split_labels(schema, values))
 
     return pipeline.record_pipeline(
-        files, lambda path: tf.data.TextLineDataset(path).skip(header_lines), parse_batch,
+        files, lambda path: tf.data.TextLineDataset(path).skip(header_lines), parse_block,
         batch_size=batch_size, shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed, repeat=repeat,
         drop_remainder=drop_remainder, rank=rank, world=world, prefetch=prefetch)
 
 
-def read_csv(paths, schema, batch_size, *, delimiter=",", shuffle=False, shuffle_buffer=10_000, seed=0,
+def read_csv(paths, schema, batch_size=1024, *, delimiter=",", shuffle=False, shuffle_buffer=10_000, seed=0,
              repeat=False, drop_remainder=False, rank=0, world=1, prefetch=True):
     """Reads the generic text format (see the module docstring) written by write_csv.
 

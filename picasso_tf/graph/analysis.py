@@ -15,8 +15,11 @@ models written by anyone are recognised the same way. Patterns (TF 2.15 graphs):
   ragged       ResourceGather(table, flat_ids) -> UnsortedSegmentSum(., segs, n)
                                                        reduce_sum over a ragged lookup
 
-Whatever else reads a table (a regularizer, a matmul with the table, an unknown lookup
-form) makes every lookup of that table stay as it is; the analysis says so and why.
+Dense reads of a table's value by anything else (an embedding regularizer, a matmul
+with the table) are recorded: the table is still packed, and those readers get its
+rows of the packed table; their gradient is dense, exactly as in the original model.
+Any other use of the table's resource (an unknown lookup op, a stateful update) makes
+every lookup of that table stay as it is; the analysis says so and why.
 """
 import dataclasses
 from typing import Dict, List, Optional
@@ -62,6 +65,10 @@ class Analysis:
     sites: List[EmbeddingSite]
     left_alone: List[Dict[str, str]]    # {"table": ..., "reason": ...}
     tables: Dict[str, tf.Variable]      # placeholder tensor -> variable, for packable tables
+    dense_reads: Dict[str, List[str]] = dataclasses.field(default_factory=dict)  # placeholder -> read tensors
+
+    def densely_read(self, variable):
+        return any(self.tables[p] is variable for p in self.dense_reads)
 
     def report(self):
         return {"sites": [s.describe() for s in self.sites], "left_alone": list(self.left_alone)}
@@ -70,17 +77,19 @@ class Analysis:
 def find_embedding_sites(captured):
     """Returns the Analysis of a CapturedGraph."""
     index = GraphIndex(captured.graph_def)
-    sites, left_alone, tables = [], [], {}
+    sites, left_alone, tables, dense_reads = [], [], {}, {}
     for placeholder, variable in sorted(captured.variables.items()):
         if variable.shape.rank != 2 or not variable.dtype.is_floating:
             continue
-        found, reason = _sites_of_table(index, placeholder, variable)
+        found, reads, reason = _sites_of_table(index, placeholder, variable)
         if reason is None and found:
             sites.extend(found)
             tables[placeholder] = variable
+            if reads:
+                dense_reads[placeholder] = reads
         elif reason is not None and (found or _looks_like_table(index, placeholder)):
             left_alone.append({"table": variable.name.split(":")[0], "reason": reason})
-    return Analysis(sites=sites, left_alone=left_alone, tables=tables)
+    return Analysis(sites=sites, left_alone=left_alone, tables=tables, dense_reads=dense_reads)
 
 
 def _looks_like_table(index, placeholder):
@@ -97,28 +106,28 @@ def _looks_like_table(index, placeholder):
 
 
 def _sites_of_table(index, placeholder, variable):
-    """All sites reading this table, or a reason why the table must stay as it is."""
+    """(sites, dense reads, None), or (sites, reads, reason) when the table must stay."""
     vocab, dim = (int(d) for d in variable.shape)
     base = dict(table=placeholder, variable_name=variable.name.split(":")[0], vocab_size=vocab, dim=dim,
                 dtype=variable.dtype)
-    sites = []
+    sites, dense_reads = [], []
     for node, pos in index.uses(placeholder):
         if node.op == "ResourceGather" and pos == 0:
             if node.attr["batch_dims"].i != 0:
-                return sites, f"{node.name}: ResourceGather with batch_dims={node.attr['batch_dims'].i}"
+                return sites, dense_reads, f"{node.name}: ResourceGather with batch_dims={node.attr['batch_dims'].i}"
             sites.append(_match_after_gather(index, node, base))
         elif node.op == "ReadVariableOp":
-            for reader, rpos in index.uses(tensor_name(node.name)):
+            read = tensor_name(node.name)
+            for reader, rpos in index.uses(read):
                 site = _match_on_value(index, reader, rpos, base, node)
-                if site is None:
-                    return sites, (f"its value is read by {reader.op} ({reader.name}), which is not an embedding "
-                                   f"lookup; lookups of a table that is also used densely stay unpacked")
-                sites.append(site)
-            if index.control_consumers.get(node.name):
-                return sites, f"{node.name} is a control dependency of other ops"
+                if site is not None:
+                    sites.append(site)
+                elif read not in dense_reads:
+                    dense_reads.append(read)
         else:
-            return sites, f"the table is used by {node.op} ({node.name}), which picasso_tf does not recognise"
-    return sites, None
+            return sites, dense_reads, (f"the table is used by {node.op} ({node.name}), which picasso_tf does "
+                                        f"not recognise; its lookups stay as they are")
+    return sites, dense_reads, None
 
 
 def _single_use(index, tensor):

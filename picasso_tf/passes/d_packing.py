@@ -21,27 +21,30 @@ def d_packing(state, config):
 
 
 def plan_groups(analysis, accesses, max_shards=4):
+    # Tables read densely too (e.g. by a regularizer) get dense gradients: they pack
+    # only with each other, so the other tables keep row-sparse updates.
     by_key = collections.OrderedDict()
     for site in analysis.sites:
         variable = analysis.tables[site.table]
-        members = by_key.setdefault((site.dim, site.dtype), collections.OrderedDict())
-        members.setdefault(variable.ref(), variable)
+        key = (site.dim, site.dtype, analysis.densely_read(variable))
+        by_key.setdefault(key, collections.OrderedDict()).setdefault(variable.ref(), variable)
     groups = []
-    for (dim, dtype), members in by_key.items():
+    for (dim, dtype, dense), members in by_key.items():
         tables = list(members.values())
         slots = [TableSlot(v, 0, int(v.shape[0]), accesses.get(_name(v), 1.0)) for v in tables]
-        groups.append((dim, dtype, slots))
-    volumes = [dim * sum(s.accesses for s in slots) for dim, _, slots in groups]
+        groups.append((dim, dtype, dense, slots))
+    volumes = [dim * sum(s.accesses for s in slots) for dim, _, _, slots in groups]
     mean = sum(volumes) / len(volumes) if volumes else 0.0
     lightest = min(volumes) if volumes else 0.0
     packed = []
-    for (dim, dtype, slots), volume in zip(groups, volumes):
+    for (dim, dtype, dense, slots), volume in zip(groups, volumes):
         shards = 1
         if volume > mean and lightest > 0:
             shards = max(1, min(len(slots), max_shards, round(volume / lightest)))
         for i, shard in enumerate(_balanced_split(slots, dim, shards)):
-            name = f"packed_{dtype.name}_d{dim}" + (f"_s{i}" if shards > 1 else "")
-            packed.append(PackedGroup(name=name, dim=dim, dtype=dtype, slots=_with_offsets(shard)))
+            name = f"packed_{dtype.name}_d{dim}" + ("_dense" if dense else "") + (f"_s{i}" if shards > 1 else "")
+            packed.append(PackedGroup(name=name, dim=dim, dtype=dtype, slots=_with_offsets(shard),
+                                      densely_read=dense))
     return packed
 
 

@@ -26,7 +26,8 @@ def k_packing(state, config):
         return state, {"fused_lookups": 0, "sites": 0}
     if plan.groups is None:          # D-packing off: fuse each table's lookups on its own
         plan.groups = [PackedGroup(f"table_{i}", s.dim, s.dtype,
-                                   [TableSlot(analysis.tables[s.table], 0, s.vocab_size, 1.0)])
+                                   [TableSlot(analysis.tables[s.table], 0, s.vocab_size, 1.0)],
+                                   densely_read=analysis.densely_read(analysis.tables[s.table]))
                        for i, s in enumerate(_one_site_per_table(analysis))]
     sites_by_table = collections.defaultdict(list)
     for site in analysis.sites:
@@ -49,11 +50,18 @@ def k_packing(state, config):
             if group.name not in members_of:
                 continue
             members, table = members_of[group.name], plan.packed_tables[group.name]
-            outputs, handle = _fused_lookup(scratch, group, members, feature_names, config)
+            outputs, handle, value = _fused_lookup(scratch, group, members, feature_names, config)
             new_captures[canonical(handle.name)] = table.variable
             for (_, site), out in zip(members, outputs):
                 replacements[site.output] = canonical(out.name)
                 removed.update(site.chain)
+            for slot in group.slots:
+                for read in _dense_reads_of(analysis, slot.variable):
+                    # Whole-table readers (a regularizer, say) now read the table's rows.
+                    with tf.name_scope(f"picasso/{group.name}/"):
+                        rows = value[slot.offset:slot.offset + slot.rows]
+                    replacements[read] = canonical(rows.name)
+                    removed.add(split_tensor_name(read)[0])
             fused.append({"group": group.name, "sites": len(members), "tables": len(group.slots)})
         graph_def = scratch.as_graph_def()
 
@@ -111,7 +119,12 @@ def _fused_lookup(graph, group, members, feature_names, config):
             combiners=[site.combiner for _, site in members],
             feature_names=[feature_names[site.output] for _, site in members])
         outputs = [out if shape is None else tf.reshape(out, shape) for out, shape in zip(outputs, shapes)]
-    return outputs, handle
+    return outputs, handle, value
+
+
+def _dense_reads_of(analysis, variable):
+    return [read for placeholder, reads in analysis.dense_reads.items()
+            if analysis.tables[placeholder] is variable for read in reads]
 
 
 def _num_segments(t, site):

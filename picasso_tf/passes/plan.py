@@ -24,6 +24,7 @@ class PackedGroup:
     dim: int
     dtype: tf.DType
     slots: List[TableSlot]
+    densely_read: bool = False    # some member table is also read whole: its gradient is dense
 
     @property
     def num_rows(self):

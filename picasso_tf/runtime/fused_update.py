@@ -32,6 +32,8 @@ class FusedTableUpdate:
         updates = []
         for grad, var in grads_and_vars:
             table = self.tables[var.ref()]
+            if not isinstance(grad, tf.IndexedSlices):   # a densely read table: every row
+                grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad, out_type=tf.int64)[0]))
             updates.append(self.optimizer.apply(var, self.slots[table.name], grad.indices, grad.values,
                                                 iteration, apply_weight_decay=self.decay[var.ref()]))
         return tf.group(updates)

@@ -41,9 +41,11 @@ class GradientApplier:
     through the fused row-sparse optimizer when one serves, everything else through
     the user's Keras optimizer."""
 
-    def __init__(self, trainable, table_variables, fused=None):
+    def __init__(self, trainable, table_variables, fused=None, densely_read=()):
         self.trainable = list(trainable)
-        self.tables = {v.ref() for v in table_variables}
+        # Tables whose whole value the model itself reads (e.g. a regularizer) get dense
+        # gradients in the original model too; any other table's must stay row-sparse.
+        self.tables = {v.ref() for v in table_variables} - {v.ref() for v in densely_read}
         self.fused = fused          # picasso_tf.runtime.fused_update.FusedTableUpdate or None
 
     def gradients(self, loss):
