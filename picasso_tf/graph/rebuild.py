@@ -19,7 +19,15 @@ def conform_inputs(specs, inputs):
             raise KeyError(f"feature(s) {missing} missing from the batch; the model needs {sorted(specs)} "
                            f"and the batch has {sorted(inputs)}")
         inputs = {k: inputs[k] for k in specs}
-    flat_specs, flat_inputs = tf.nest.flatten(specs), tf.nest.flatten(inputs)
+    flat_specs = tf.nest.flatten(specs)
+    if isinstance(inputs, dict) and not isinstance(specs, dict):
+        # A model built on a list of Inputs takes a dict keyed by the Inputs' names, as Keras does.
+        missing = [s.name for s in flat_specs if s.name not in inputs]
+        if missing:
+            raise KeyError(f"feature(s) {missing} missing from the batch; the model needs "
+                           f"{[s.name for s in flat_specs]} and the batch has {sorted(inputs)}")
+        inputs = [inputs[s.name] for s in flat_specs]
+    flat_inputs = tf.nest.flatten(inputs)
     if len(flat_specs) != len(flat_inputs):
         raise ValueError(f"the model takes {len(flat_specs)} input tensor(s); got {len(flat_inputs)}")
     return [_conform(spec, tensor) for spec, tensor in zip(flat_specs, flat_inputs)]

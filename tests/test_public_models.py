@@ -1,0 +1,62 @@
+"""Models written by others: DeepCTR (a public Keras CTR library) is recognised from
+graph structure alone and trains exactly like the original under the decorator.
+
+DeepCTR names, nests and regularizes its embeddings its own way (an l2 regularizer on
+every table, so each table is also read whole), and pools behaviour sequences with
+its own masked layers.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+
+deepctr_models = pytest.importorskip("deepctr.models")
+from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat  # noqa: E402
+
+BATCH, STEPS = 32, 20
+
+
+def deepfm():
+    features = [SparseFeat(f"c{i}", 40 + i, embedding_dim=8) for i in range(5)] + [DenseFeat("d0", 1)]
+    return deepctr_models.DeepFM(features, features, dnn_hidden_units=(16, 8), seed=1)
+
+
+def din():
+    features = [SparseFeat("user", 30, embedding_dim=8), SparseFeat("item", 50, embedding_dim=8),
+                VarLenSparseFeat(SparseFeat("hist_item", 50, embedding_dim=8, embedding_name="item"),
+                                 maxlen=4)]
+    return deepctr_models.DIN(features, ["item"], dnn_hidden_units=(16, 8), att_hidden_size=(8, 4), seed=1)
+
+
+def data(model, steps=STEPS):
+    rng = np.random.default_rng(0)
+    n = BATCH * steps
+    features = {}
+    for tensor in model.inputs:
+        name = tensor.name.split(":")[0]
+        if tensor.dtype.is_floating:
+            features[name] = rng.random((n,) + tuple(tensor.shape[1:])).astype("float32")
+        else:
+            features[name] = rng.integers(1, 30, (n,) + tuple(tensor.shape[1:]))
+    return features, (rng.random(n) < 0.3).astype("float32")
+
+
+@pytest.mark.parametrize("builder", [deepfm, din], ids=["deepfm", "din"])
+def test_deepctr_model_is_recognised_and_trains_exactly(builder):
+    baseline = builder()
+    original = builder()
+    original.set_weights(baseline.get_weights())
+    optimized = picasso.optimize(original)
+    analysis = optimized.picasso.reports["training"]["analysis"]
+    assert analysis["sites"] and not analysis["left_alone"], optimized.picasso.report()
+    features, labels = data(baseline)
+    losses = {}
+    for name, model in (("baseline", baseline), ("picasso", optimized)):
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="binary_crossentropy")
+        losses[name] = [model.train_on_batch({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
+                                             labels[i * BATCH:(i + 1) * BATCH]) for i in range(STEPS)]
+    np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-5)
+    optimized.picasso.write_back()
+    for b, o in zip(baseline.weights, optimized.original.weights):
+        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
