@@ -137,6 +137,24 @@ def ragged_pooled():
     return tf.keras.Model(x, head([user, RaggedPooling()(x["hist"])], x["price"]))
 
 
+class PartitionedLookup(tf.keras.layers.Layer):
+    """tf.nn.embedding_lookup over a list of variables (a partitioned table)."""
+
+    def build(self, shape):
+        self.parts = [self.add_weight(f"part{i}", (VOCAB["item"] // 4, 8)) for i in range(4)]
+
+    def call(self, ids):
+        return tf.nn.embedding_lookup(self.parts, ids)
+
+
+def partitioned_and_sequential():
+    x = inputs()
+    item = PartitionedLookup()(x["item"])
+    user = tf.keras.Sequential([tf.keras.layers.Embedding(VOCAB["user"], 8), tf.keras.layers.Flatten()],
+                               name="user_block")(x["user"][:, None])
+    return tf.keras.Model(x, head([item, user], x["price"]))
+
+
 class DenseUseOfTable(tf.keras.layers.Layer):
     """A table looked up and also used whole (one_hot @ table): packed, and the whole-
     table use reads its rows of the packed table."""
@@ -176,7 +194,7 @@ def unrecognised_pattern():
 
 MODELS = {"functional": functional_keras_embeddings, "subclassed": SubclassedModel,
           "sparse_multi_hot": sparse_multi_hot, "ragged": ragged_pooled,
-          "regularized_and_dense_use": regularized_and_dense_use}
+          "regularized_and_dense_use": regularized_and_dense_use, "partitioned": partitioned_and_sequential}
 OPTIMIZERS = {"sgd": lambda: tf.keras.optimizers.SGD(0.5), "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3)}
 
 
@@ -259,6 +277,12 @@ def test_decorator_forms():
 
     assert isinstance(build(), picasso.PicassoModel)
     assert isinstance(picasso.optimize(functional_keras_embeddings(), packing=False), picasso.PicassoModel)
+    sequential = tf.keras.Sequential([tf.keras.Input((3,), dtype="int64"), tf.keras.layers.Embedding(20, 4),
+                                      tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
+    wrapped = picasso.optimize(sequential)
+    assert len(wrapped.picasso.packed_tables) == 1
+    ids = np.arange(12).reshape(4, 3)
+    np.testing.assert_allclose(wrapped.predict(ids, verbose=0), sequential.predict(ids, verbose=0), rtol=1e-6)
     features, _ = make_data(n=4)
     subclass = picasso.optimize(SubclassedModel)()
     assert subclass(features).shape == (4, 1)       # signature taken from the first batch
