@@ -5,6 +5,7 @@
 # run only rebuilds the ops when custom_ops/ changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 if [ ! -x .venv/bin/python ]; then
@@ -19,7 +20,9 @@ if ! .venv/bin/python -c "import horovod.tensorflow" 2>/dev/null; then
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
     "${pip[@]}" --no-build-isolation "horovod==0.28.1"
 fi
-if ! .venv/bin/python -c "import picasso_tf" 2>/dev/null; then
+# Checked from outside the checkout: there, only an installed picasso_tf imports (with
+# its zoo and tools, which live in top-level models/ and tools/).
+if ! (cd / && "$ROOT/.venv/bin/python" -c "import picasso_tf.models, picasso_tf.tools") 2>/dev/null; then
   "${pip[@]}" --no-build-isolation --no-deps -e .
 fi
 # Rebuilds the op library only when a source is newer than it.
