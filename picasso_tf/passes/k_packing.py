@@ -97,18 +97,9 @@ def _fused_lookup(graph, group, members, feature_names, config):
         # One shared empty tensor stands for "no segments" / "no weights" of every site.
         no_segments, no_weights = tf.zeros([0], tf.int64), tf.zeros([0], group.dtype)
         no_count = tf.constant(0, tf.int64)
-        id_types = {t(site.ids).dtype for _, site in members}
-        ids, segments, weights, counts, shapes = [], [], [], [], []
+        ids, segments, weights, counts = [], [], [], []
         for _, site in members:
-            site_ids = t(site.ids)
-            if len(id_types) > 1:
-                site_ids = tf.cast(site_ids, tf.int64)
-            shapes.append(None)
-            if site.combiner == "none" and site_ids.shape.rank != 1:
-                shapes.append(tf.concat([tf.shape(site_ids, out_type=tf.int64), [group.dim]], 0))
-                shapes.pop(-2)
-                site_ids = tf.reshape(site_ids, [-1])
-            ids.append(site_ids)
+            ids.append(t(site.ids))        # the wrapper casts mixed int32/int64 ids to int64
             segments.append(tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else no_segments)
             weights.append(tf.cast(t(site.weights), group.dtype) if site.weights else no_weights)
             counts.append(_num_segments(t, site) if site.combiner != "none" else no_count)
@@ -118,7 +109,6 @@ def _fused_lookup(graph, group, members, feature_names, config):
             vocab_sizes=[slot.rows for slot, _ in members],
             combiners=[site.combiner for _, site in members],
             feature_names=[feature_names[site.output] for _, site in members])
-        outputs = [out if shape is None else tf.reshape(out, shape) for out, shape in zip(outputs, shapes)]
     return outputs, handle, value
 
 

@@ -1,0 +1,1136 @@
+// Fused embedding lookups on a packed table (CPU kernels).
+//
+// A packed table stacks several features' embedding tables by rows: site i (the ids
+// of one feature) reads rows [offsets[i], offsets[i] + vocab_sizes[i]), so packed row
+// = id + offset. One op call serves every site of the table.
+//
+//   PicassoPackedUnique      the ids of all sites -> their packed rows deduplicated in
+//                            ascending order, each id's index into them, and how often
+//                            each row occurs.
+//   PicassoPackedLookup      gathers every site's rows in one kernel; pooled sites
+//                            (combiner sum, mean or sqrtn, optional weights) combine
+//                            them per segment like tf.nn.embedding_lookup_sparse. Each
+//                            output row is written once, directly from the table.
+//   PicassoPackedLookupGrad  the table gradient of PicassoPackedLookup, row-sparse:
+//                            ascending unique rows and one summed gradient row each,
+//                            bit-identical whatever the number of threads.
+//
+// Work is cut into items of similar cost that the intra-op threads claim one at a
+// time (picasso_common.h). Ids are checked inside the hot loops; when one is bad, a
+// sequential re-scan finds the first bad value in input order for the error message.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "picasso_common.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace tensorflow {
+namespace {
+
+using picasso::AxpyRow;
+using picasso::CopyRow;
+using picasso::DispatchDim;
+using picasso::PrefetchBytes;
+using picasso::RunWorkItems;
+using picasso::ScaleRow;
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// Inputs with fewer bytes of rows (or, for index-only passes, fewer entries) than
+// this run on the calling thread: waking the pool would cost more than it saves.
+constexpr int64_t kMinParallelBytes = 256 << 10;
+constexpr int64_t kMinParallelEntries = 32 << 10;
+// Rows are grouped with a byte map over a cluster's row range (rather than by sorting)
+// when the range has at most kDenseRowsPerEntry * entries + kDenseMinRows rows.
+constexpr int64_t kDenseRowsPerEntry = 16;
+constexpr int64_t kDenseMinRows = 1 << 16;
+// Work items move at least this many bytes of rows; otherwise there are about
+// kItemsPerThread items per thread, enough to even out uneven items.
+constexpr int64_t kMinItemBytes = 32 << 10;
+constexpr int64_t kItemsPerThread = 8;
+// The row loops prefetch rows about kPrefetchBytes ahead, but 8 to 32 rows (measured
+// on AMD EPYC, widths 8 to 64 floats).
+constexpr int64_t kPrefetchBytes = 2048;
+
+constexpr int64_t PrefetchDistance(int64_t row_bytes) {
+  return std::clamp<int64_t>(kPrefetchBytes / std::max<int64_t>(row_bytes, 1), 8, 32);
+}
+
+constexpr char kUniqueOp[] = "PicassoPackedUnique";
+constexpr char kLookupOp[] = "PicassoPackedLookup";
+constexpr char kGradOp[] = "PicassoPackedLookupGrad";
+
+enum class Combiner { kNone, kSum, kMean, kSqrtN };
+constexpr const char* kCombinerNames[] = {"none", "sum", "mean", "sqrtn"};
+
+// ---------------------------------------------------------------------------------
+// Attributes and inputs.
+
+// The attributes that place each site in the packed table.
+struct PackedLayout {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> vocab_sizes;
+  std::vector<std::string> names;
+  std::vector<Combiner> combiners;  // only for the lookup ops
+
+  Status Init(OpKernelConstruction* c, bool with_combiners) {
+    int n;
+    TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+    TF_RETURN_IF_ERROR(c->GetAttr("offsets", &offsets));
+    TF_RETURN_IF_ERROR(c->GetAttr("vocab_sizes", &vocab_sizes));
+    TF_RETURN_IF_ERROR(c->GetAttr("feature_names", &names));
+    std::vector<std::string> combiner_names;
+    if (with_combiners) {
+      TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiner_names));
+    } else {
+      combiner_names.assign(n, "none");
+    }
+    if (offsets.size() != n || vocab_sizes.size() != n || names.size() != n ||
+        combiner_names.size() != n) {
+      return errors::InvalidArgument(
+          c->def().op(), ": offsets, vocab_sizes, feature_names",
+          with_combiners ? " and combiners" : "", " need one entry per site (", n,
+          "); got ", offsets.size(), ", ", vocab_sizes.size(), ", ", names.size(),
+          with_combiners ? strings::StrCat(" and ", combiner_names.size()) : "");
+    }
+    for (int i = 0; i < n; ++i) {
+      if (offsets[i] < 0 || vocab_sizes[i] <= 0 ||
+          offsets[i] > INT64_MAX - vocab_sizes[i]) {
+        return errors::InvalidArgument(c->def().op(), ": ", Feature(i),
+                                       " needs offset >= 0 and vocab_size > 0; got offset ",
+                                       offsets[i], " and vocab_size ", vocab_sizes[i]);
+      }
+      const auto* name = std::find(std::begin(kCombinerNames), std::end(kCombinerNames),
+                                   combiner_names[i]);
+      if (name == std::end(kCombinerNames)) {
+        return errors::InvalidArgument(c->def().op(), ": ", Feature(i), " has combiner '",
+                                       combiner_names[i],
+                                       "'; use one of 'none', 'sum', 'mean', 'sqrtn'");
+      }
+      combiners.push_back(static_cast<Combiner>(name - std::begin(kCombinerNames)));
+    }
+    return OkStatus();
+  }
+
+  int size() const { return static_cast<int>(offsets.size()); }
+  int64_t end_row(int i) const { return offsets[i] + vocab_sizes[i]; }
+  std::string Feature(int i) const { return strings::StrCat("feature '", names[i], "'"); }
+
+  Status CheckRows(const char* op, int64_t num_rows) const {
+    for (int i = 0; i < size(); ++i) {
+      if (end_row(i) > num_rows) {
+        return errors::InvalidArgument(op, ": ", Feature(i), " occupies rows [", offsets[i],
+                                       ", ", end_row(i), ") of the packed table, which has ",
+                                       num_rows, " rows");
+      }
+    }
+    return OkStatus();
+  }
+};
+
+// Whether 0 <= id < vocab.
+template <typename Tid>
+inline bool InRange(Tid id, int64_t vocab) {
+  return static_cast<uint64_t>(static_cast<int64_t>(id)) < static_cast<uint64_t>(vocab);
+}
+
+// One site's ids and its rows' place in the packed table.
+template <typename Tid>
+struct SiteIds {
+  const Tid* ids = nullptr;
+  int64_t n = 0;
+  int64_t offset = 0;
+  int64_t vocab = 0;
+
+  bool Valid(Tid id) const { return InRange(id, vocab); }
+};
+
+// A site of the lookup ops: its ids and how they are pooled.
+template <typename T, typename Tid>
+struct Site : SiteIds<Tid> {
+  Combiner combiner = Combiner::kNone;
+  bool pooled = false;                // combiner != "none"
+  const int64_t* segments = nullptr;  // pooled sites: the output row of each id
+  int64_t num_segments = 0;
+  const T* weights = nullptr;  // null: every weight is 1
+
+  int64_t out_rows() const { return pooled ? num_segments : this->n; }
+};
+
+// The error for the first id, in site and then position order, outside its range.
+template <typename S>
+Status FirstBadId(const char* op, const PackedLayout& layout, const std::vector<S>& sites) {
+  for (int i = 0; i < static_cast<int>(sites.size()); ++i) {
+    const S& s = sites[i];
+    for (int64_t j = 0; j < s.n; ++j) {
+      if (!s.Valid(s.ids[j])) {
+        return errors::InvalidArgument(
+            op, ": ids of ", layout.Feature(i), " must lie in [0, ", s.vocab, "): got ",
+            static_cast<int64_t>(s.ids[j]), " at position ", j,
+            "; raise the feature's vocabulary size or hash its ids into that range");
+      }
+    }
+  }
+  return errors::Internal(op, ": an id was out of range, but a second look found none");
+}
+
+// The error for the first segment id, in site and then position order, out of range.
+template <typename T, typename Tid>
+Status FirstBadSegment(const char* op, const PackedLayout& layout,
+                       const std::vector<Site<T, Tid>>& sites) {
+  for (int i = 0; i < static_cast<int>(sites.size()); ++i) {
+    const Site<T, Tid>& s = sites[i];
+    for (int64_t j = 0; s.pooled && j < s.n; ++j) {
+      if (static_cast<uint64_t>(s.segments[j]) >= static_cast<uint64_t>(s.num_segments)) {
+        return errors::InvalidArgument(
+            op, ": segment ids of ", layout.Feature(i), " must lie in [0, ", s.num_segments,
+            ") (num_segments): got ", s.segments[j], " at position ", j,
+            "; a segment id names the output row (the example) that the id at the same "
+            "position is pooled into");
+      }
+    }
+  }
+  return errors::Internal(op, ": a segment id was out of range, but a second look found none");
+}
+
+// Reads the per-site inputs of PicassoPackedLookup and its gradient, checking shapes.
+// A site's output: [num_segments, D] when pooled, else ids.shape + [D].
+template <typename T, typename Tid>
+TensorShape OutputShape(const Site<T, Tid>& s, const Tensor& ids, int64_t d) {
+  if (s.pooled) return TensorShape({s.num_segments, d});
+  TensorShape shape = ids.shape();
+  shape.AddDim(d);
+  return shape;
+}
+
+template <typename T, typename Tid>
+Status ReadSites(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
+                 std::vector<Site<T, Tid>>* sites) {
+  OpInputList ids, segments, weights, num_segments;
+  TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
+  TF_RETURN_IF_ERROR(ctx->input_list("segment_ids", &segments));
+  TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
+  TF_RETURN_IF_ERROR(ctx->input_list("num_segments", &num_segments));
+  sites->resize(layout.size());
+  int64_t total = 0;
+  for (int i = 0; i < layout.size(); ++i) {
+    Site<T, Tid>& s = (*sites)[i];
+    const Combiner combiner = layout.combiners[i];
+    const char* combiner_name = kCombinerNames[static_cast<int>(combiner)];
+    // Unpooled ids may have any shape (the output is ids.shape + [D]); pooled ids are flat.
+    if ((combiner != Combiner::kNone && !TensorShapeUtils::IsVector(ids[i].shape())) ||
+        !TensorShapeUtils::IsVector(segments[i].shape()) ||
+        !TensorShapeUtils::IsVector(weights[i].shape())) {
+      return errors::InvalidArgument(
+          op, ": ids (when pooled), segment_ids and weights of ", layout.Feature(i),
+          " must be vectors; got shapes ", ids[i].shape().DebugString(), ", ",
+          segments[i].shape().DebugString(), " and ", weights[i].shape().DebugString());
+    }
+    s.ids = ids[i].flat<Tid>().data();
+    s.n = ids[i].NumElements();
+    s.offset = layout.offsets[i];
+    s.vocab = layout.vocab_sizes[i];
+    s.combiner = combiner;
+    s.pooled = combiner != Combiner::kNone;
+    if (s.pooled) {
+      if (segments[i].NumElements() != s.n) {
+        return errors::InvalidArgument(
+            op, ": ", layout.Feature(i), " has combiner '", combiner_name, "' and ", s.n,
+            " ids, so segment_ids needs ", s.n, " entries (the output row of each id); got ",
+            segments[i].NumElements());
+      }
+      if (!TensorShapeUtils::IsScalar(num_segments[i].shape()) ||
+          num_segments[i].scalar<int64_t>()() < 0) {
+        return errors::InvalidArgument(op, ": num_segments of ", layout.Feature(i),
+                                       " must be a scalar >= 0; got ",
+                                       num_segments[i].DebugString());
+      }
+      s.segments = segments[i].flat<int64_t>().data();
+      s.num_segments = num_segments[i].scalar<int64_t>()();
+    } else if (segments[i].NumElements() != 0) {
+      return errors::InvalidArgument(
+          op, ": ", layout.Feature(i), " has combiner 'none' (no pooling), so its "
+          "segment_ids must be empty; got ", segments[i].NumElements(), " entries");
+    }
+    if (weights[i].NumElements() != 0 && weights[i].NumElements() != s.n) {
+      return errors::InvalidArgument(op, ": weights of ", layout.Feature(i),
+                                     " must be empty (all 1) or have one entry per id (",
+                                     s.n, "); got ", weights[i].NumElements());
+    }
+    if (weights[i].NumElements() != 0) s.weights = weights[i].flat<T>().data();
+    total += s.n;
+  }
+  if (total > INT32_MAX) {
+    return errors::InvalidArgument(op, ": at most 2^31 - 1 ids per call; got ", total);
+  }
+  return OkStatus();
+}
+
+int NumThreads(OpKernelContext* ctx) {
+  return ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
+}
+
+// Work items: a site (or cluster) and a range [begin, end) of its entries, segments
+// or unique rows.
+struct WorkItem {
+  int unit;
+  int64_t begin;
+  int64_t end;
+};
+
+// Appends items splitting [0, count) of `unit` into pieces of about `target` cost,
+// where cum(k) is the (non-decreasing) cost of [0, k).
+template <typename CumFn>
+void SplitWork(int unit, int64_t count, int64_t target, const CumFn& cum,
+               std::vector<WorkItem>* items) {
+  if (count == 0) return;
+  const int64_t cost = cum(count);
+  const int64_t pieces = std::max<int64_t>(1, std::min(count, cost / target));
+  int64_t begin = 0;
+  for (int64_t p = 1; p <= pieces && begin < count; ++p) {
+    int64_t end = count;
+    if (p < pieces) {
+      // The first k > begin whose cumulative cost reaches p / pieces of the total.
+      int64_t lo = begin + 1, hi = count;
+      const int64_t goal = cost / pieces * p;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (cum(mid) >= goal) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      end = lo;
+    }
+    items->push_back({unit, begin, end});
+    begin = end;
+  }
+}
+
+// Item size for `total_rows` rows of `row_bytes` bytes spread over the threads.
+int64_t TargetItemRows(OpKernelContext* ctx, int64_t total_rows, int64_t row_bytes) {
+  return std::max<int64_t>({1, kMinItemBytes / row_bytes,
+                            total_rows / (NumThreads(ctx) * kItemsPerThread)});
+}
+
+// ---------------------------------------------------------------------------------
+// Grouping entries by packed row (PicassoPackedUnique and the gradient).
+
+// The entries of all sites grouped by packed row. Sites whose row ranges overlap (two
+// sites sharing a table) form one cluster; clusters cover disjoint row ranges, in
+// ascending order, and are grouped independently and in parallel. A cluster numbers
+// its entries site by site in input order ("local entries") and maps each to the
+// index of its row among the cluster's distinct rows, which ascend.
+struct RowClusters {
+  struct Cluster {
+    int64_t lo = 0, hi = 0;               // packed rows [lo, hi)
+    std::vector<int> sites;               // ascending
+    std::vector<int64_t> site_begin;      // each site's first local entry, then the total
+    std::vector<int64_t> rows;            // the distinct packed rows, ascending
+    std::unique_ptr<uint32_t[]> inverse;  // per local entry, its row's index in `rows`
+    int64_t unique_begin = 0;             // index of rows[0] among all clusters' rows
+
+    int64_t num_entries() const { return site_begin.back(); }
+    int64_t num_unique() const { return static_cast<int64_t>(rows.size()); }
+  };
+  std::vector<Cluster> clusters;
+  int64_t num_unique = 0;
+};
+
+// Groups a cluster by marking its rows in a byte map over [lo, hi) and numbering the
+// marked ones in order: for clusters not much wider than their number of entries.
+// False on a bad id.
+template <typename S>
+bool GroupDense(const std::vector<S>& sites, RowClusters::Cluster* c) {
+  const int64_t padded = (c->hi - c->lo + 63) / 64 * 64;
+  std::unique_ptr<uint8_t[]> seen(new uint8_t[padded]());
+  for (int i : c->sites) {
+    // Locals, which the byte stores cannot alias, so they stay in registers.
+    uint8_t* site_seen = seen.get() + (sites[i].offset - c->lo);
+    const auto* ids = sites[i].ids;
+    const int64_t n = sites[i].n, vocab = sites[i].vocab;
+    for (int64_t j = 0; j < n; ++j) {
+      if (!InRange(ids[j], vocab)) return false;
+      site_seen[ids[j]] = 1;
+    }
+  }
+  // Number the marked rows 64 at a time: pack their marks into a bit mask (one
+  // multiplication turns 8 little-endian 0/1 bytes into 8 bits), then visit its bits.
+  std::unique_ptr<uint32_t[]> rank(new uint32_t[padded]);
+  for (int64_t k = 0; k < padded; k += 64) {
+    uint64_t mask = 0;
+    for (int b = 0; b < 64; b += 8) {
+      uint64_t bytes;
+      std::memcpy(&bytes, seen.get() + k + b, 8);
+      mask |= ((bytes * 0x0102040810204080ull) >> 56) << b;
+    }
+    for (; mask != 0; mask &= mask - 1) {
+      const int64_t row = k + __builtin_ctzll(mask);
+      rank[row] = static_cast<uint32_t>(c->rows.size());
+      c->rows.push_back(c->lo + row);
+    }
+  }
+  for (size_t k = 0; k < c->sites.size(); ++k) {
+    const S& s = sites[c->sites[k]];
+    const uint32_t* site_rank = rank.get() + (s.offset - c->lo);
+    uint32_t* inverse = c->inverse.get() + c->site_begin[k];
+    for (int64_t j = 0; j < s.n; ++j) inverse[j] = site_rank[s.ids[j]];
+  }
+  return true;
+}
+
+// Sorts v[0, m) by bits [32, 32 + bits) of each value, keeping values with equal keys
+// in their order: LSD radix sort, digits of at most 11 bits, tmp scratch for m values.
+// Where std::sort is cheaper it is used instead; it gives the same order because the
+// values are distinct and their low 32 bits ascend within each key.
+void SortByKey(uint64_t* v, uint64_t* tmp, int64_t m, int bits) {
+  if (bits == 0 || m < 2) return;
+  const int passes = (bits + 10) / 11;
+  const int digit = (bits + passes - 1) / passes;
+  const int64_t buckets = int64_t{1} << digit;
+  int64_t log_m = 0;
+  while ((int64_t{1} << log_m) < m) ++log_m;
+  if (passes * (2 * m + buckets) > m * log_m) {
+    std::sort(v, v + m);
+    return;
+  }
+  uint32_t count[3][1 << 11];
+  for (int pass = 0; pass < passes; ++pass) std::fill(count[pass], count[pass] + buckets, 0);
+  const uint64_t mask = buckets - 1;
+  for (int64_t p = 0; p < m; ++p) {
+    const uint64_t key = v[p] >> 32;
+    for (int pass = 0; pass < passes; ++pass) ++count[pass][(key >> (pass * digit)) & mask];
+  }
+  uint64_t* src = v;
+  uint64_t* dst = tmp;
+  for (int pass = 0; pass < passes; ++pass) {
+    uint32_t* c = count[pass];
+    const int shift = 32 + pass * digit;
+    if (c[(src[0] >> shift) & mask] == m) continue;  // one digit value: nothing moves
+    uint32_t sum = 0;
+    for (int64_t b = 0; b < buckets; ++b) sum += std::exchange(c[b], sum);
+    for (int64_t p = 0; p < m; ++p) dst[c[(src[p] >> shift) & mask]++] = src[p];
+    std::swap(src, dst);
+  }
+  if (src != v) std::memcpy(v, src, m * sizeof(uint64_t));
+}
+
+// Numbers the distinct keys of entries sorted by key: key(p) and entry(p) give the
+// row (minus lo) and local entry at sorted position p.
+template <typename KeyFn, typename EntryFn>
+void NumberSortedRows(const KeyFn& key, const EntryFn& entry, RowClusters::Cluster* c) {
+  for (int64_t p = 0; p < c->num_entries(); ++p) {
+    if (p == 0 || key(p) != key(p - 1)) {
+      c->rows.push_back(c->lo + static_cast<int64_t>(key(p)));
+    }
+    c->inverse[entry(p)] = static_cast<uint32_t>(c->rows.size() - 1);
+  }
+}
+
+// Writes make(row - lo, local entry) for each entry of a cluster to v; false on a bad id.
+template <typename S, typename V, typename MakeFn>
+bool KeyEntries(const std::vector<S>& sites, const RowClusters::Cluster& c, V* v,
+                const MakeFn& make) {
+  for (size_t k = 0; k < c.sites.size(); ++k) {
+    const S& s = sites[c.sites[k]];
+    const uint64_t shift = static_cast<uint64_t>(s.offset - c.lo);
+    const int64_t first = c.site_begin[k];
+    for (int64_t j = 0; j < s.n; ++j) {
+      if (!s.Valid(s.ids[j])) return false;
+      v[first + j] = make(static_cast<uint64_t>(s.ids[j]) + shift,
+                          static_cast<uint32_t>(first + j));
+    }
+  }
+  return true;
+}
+
+// Groups a cluster by sorting its entries by row: for wide clusters (large
+// vocabularies). False on a bad id.
+template <typename S>
+bool GroupSorted(const std::vector<S>& sites, RowClusters::Cluster* c) {
+  const int64_t m = c->num_entries();
+  int bits = 0;
+  while (bits < 64 && (static_cast<uint64_t>(c->hi - c->lo - 1) >> bits)) ++bits;
+  if (bits <= 32) {
+    // (row - lo) << 32 | local entry: sorting by the high half sorts by (row, entry).
+    std::unique_ptr<uint64_t[]> buffer(new uint64_t[2 * m]);
+    uint64_t* v = buffer.get();
+    if (!KeyEntries(sites, *c, v, [](uint64_t key, uint32_t e) { return key << 32 | e; })) {
+      return false;
+    }
+    SortByKey(v, v + m, m, bits);
+    NumberSortedRows([v](int64_t p) { return v[p] >> 32; },
+                     [v](int64_t p) { return static_cast<uint32_t>(v[p]); }, c);
+  } else {  // vocabularies beyond 2^32 rows: (row - lo, entry) pairs
+    std::vector<std::pair<uint64_t, uint32_t>> v(m);
+    if (!KeyEntries(sites, *c, v.data(), [](uint64_t key, uint32_t e) {
+          return std::make_pair(key, e);
+        })) {
+      return false;
+    }
+    std::sort(v.begin(), v.end());
+    NumberSortedRows([&v](int64_t p) { return v[p].first; },
+                     [&v](int64_t p) { return v[p].second; }, c);
+  }
+  return true;
+}
+
+// Groups the entries of all sites by packed row (see RowClusters).
+template <typename S>
+Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
+                  const std::vector<S>& sites, RowClusters* out) {
+  const int num_sites = static_cast<int>(sites.size());
+  std::vector<int> by_offset(num_sites);
+  std::iota(by_offset.begin(), by_offset.end(), 0);
+  std::sort(by_offset.begin(), by_offset.end(), [&](int a, int b) {
+    return std::make_pair(sites[a].offset, a) < std::make_pair(sites[b].offset, b);
+  });
+  auto& clusters = out->clusters;
+  for (int i : by_offset) {
+    const int64_t lo = sites[i].offset, hi = lo + sites[i].vocab;
+    if (clusters.empty() || lo >= clusters.back().hi) {
+      clusters.emplace_back();
+      clusters.back().lo = lo;
+    }
+    clusters.back().hi = std::max(clusters.back().hi, hi);
+    clusters.back().sites.push_back(i);
+  }
+  int64_t total = 0;
+  for (auto& c : clusters) {
+    std::sort(c.sites.begin(), c.sites.end());
+    c.site_begin.push_back(0);
+    for (int i : c.sites) c.site_begin.push_back(c.site_begin.back() + sites[i].n);
+    c.inverse.reset(new uint32_t[c.num_entries()]);
+    total += c.num_entries();
+  }
+  // Largest clusters first, so that the last items to be claimed are small ones.
+  std::vector<int> schedule(clusters.size());
+  std::iota(schedule.begin(), schedule.end(), 0);
+  std::stable_sort(schedule.begin(), schedule.end(), [&](int a, int b) {
+    return clusters[a].num_entries() > clusters[b].num_entries();
+  });
+  std::atomic<bool> bad_id(false);
+  RunWorkItems(ctx, schedule.size(), total >= kMinParallelEntries, [&](int64_t k) {
+    RowClusters::Cluster* c = &clusters[schedule[k]];
+    const int64_t width = c->hi - c->lo;
+    const bool dense = width <= kDenseRowsPerEntry * c->num_entries() + kDenseMinRows;
+    if (!(dense ? GroupDense(sites, c) : GroupSorted(sites, c))) bad_id.store(true);
+  });
+  if (bad_id.load()) return FirstBadId(op, layout, sites);
+  for (auto& c : clusters) {
+    c.unique_begin = out->num_unique;
+    out->num_unique += c.num_unique();
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------
+// PicassoPackedUnique
+
+template <typename Tid>
+class PackedUniqueOp : public OpKernel {
+ public:
+  explicit PackedUniqueOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/false));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList ids;
+    OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
+    std::vector<SiteIds<Tid>> sites(layout_.size());
+    int64_t total = 0;
+    for (int i = 0; i < layout_.size(); ++i) {
+      sites[i] = {ids[i].flat<Tid>().data(), ids[i].NumElements(), layout_.offsets[i],
+                  layout_.vocab_sizes[i]};
+      total += sites[i].n;
+    }
+    OP_REQUIRES(ctx, total <= INT32_MAX,
+                errors::InvalidArgument(kUniqueOp, ": at most 2^31 - 1 ids per call; got ",
+                                        total));
+    RowClusters groups;
+    OP_REQUIRES_OK(ctx, GroupByRow(ctx, kUniqueOp, layout_, sites, &groups));
+
+    Tensor *unique_rows, *counts;
+    const TensorShape unique_shape({groups.num_unique});
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("unique_rows", unique_shape, &unique_rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("counts", unique_shape, &counts));
+    OpOutputList inverse_list;
+    OP_REQUIRES_OK(ctx, ctx->output_list("inverse", &inverse_list));
+    std::vector<int32_t*> inverse(layout_.size());
+    for (int i = 0; i < layout_.size(); ++i) {
+      Tensor* t;
+      OP_REQUIRES_OK(ctx, inverse_list.allocate(i, ids[i].shape(), &t));
+      inverse[i] = t->flat<int32_t>().data();
+    }
+    int64_t* rows = unique_rows->flat<int64_t>().data();
+    int32_t* count = counts->flat<int32_t>().data();
+    RunWorkItems(ctx, groups.clusters.size(), total >= kMinParallelEntries, [&](int64_t k) {
+      const RowClusters::Cluster& c = groups.clusters[k];
+      std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
+      std::fill(count + c.unique_begin, count + c.unique_begin + c.num_unique(), 0);
+      for (size_t site = 0; site < c.sites.size(); ++site) {
+        int32_t* site_inverse = inverse[c.sites[site]];
+        const uint32_t* local = c.inverse.get() + c.site_begin[site];
+        for (int64_t j = 0; j < c.site_begin[site + 1] - c.site_begin[site]; ++j) {
+          site_inverse[j] = static_cast<int32_t>(c.unique_begin + local[j]);
+          ++count[site_inverse[j]];
+        }
+      }
+    });
+  }
+
+ private:
+  PackedLayout layout_;
+};
+
+// ---------------------------------------------------------------------------------
+// PicassoPackedLookup
+
+// Where a pooled site's segments find their entries: those of segment s are
+// perm[start[s]], ..., perm[start[s + 1] - 1]; perm is null (the identity) when the
+// segment ids are sorted, the usual case for ids from a SparseTensor.
+struct SegmentIndex {
+  int64_t* start = nullptr;
+  int32_t* perm = nullptr;
+};
+
+// Builds a pooled site's segment index in start[0, S] and, for unsorted segment ids,
+// perm_buffer[0, n) (a stable counting sort: a segment's entries keep their order).
+// False if a segment id is out of range.
+template <typename T, typename Tid>
+bool IndexSegments(const Site<T, Tid>& s, int64_t* start, int32_t* perm_buffer,
+                   SegmentIndex* index) {
+  const int64_t num_segments = s.num_segments;
+  const int64_t* segments = s.segments;
+  index->start = start;
+  // Sorted segment ids: note where each segment begins.
+  int64_t next = 0;  // the first segment whose start is not yet known
+  int64_t j = 0;
+  for (; j < s.n; ++j) {
+    const int64_t seg = segments[j];
+    if (static_cast<uint64_t>(seg) >= static_cast<uint64_t>(num_segments)) return false;
+    if (seg + 1 < next) break;  // below the previous segment id: unsorted
+    while (next <= seg) start[next++] = j;
+  }
+  if (j == s.n) {
+    while (next <= num_segments) start[next++] = s.n;
+    return true;
+  }
+  // Unsorted: count the ids of each segment, then place them.
+  std::fill(start, start + num_segments + 1, 0);
+  for (j = 0; j < s.n; ++j) {
+    const int64_t seg = segments[j];
+    if (static_cast<uint64_t>(seg) >= static_cast<uint64_t>(num_segments)) return false;
+    ++start[seg + 1];
+  }
+  for (int64_t k = 1; k <= num_segments; ++k) start[k] += start[k - 1];
+  for (j = 0; j < s.n; ++j) perm_buffer[start[segments[j]]++] = j;
+  // Each start[k] has advanced to the end of segment k: shift them back by one.
+  for (int64_t k = num_segments; k > 0; --k) start[k] = start[k - 1];
+  start[0] = 0;
+  index->perm = perm_buffer;
+  return true;
+}
+
+// The address of packed row `offset + id`, computed without forming a pointer (the id
+// may be out of range when only prefetched).
+template <typename T, typename Tid>
+const void* RowAddress(const T* base, Tid id, int64_t d) {
+  return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(base) +
+                                       static_cast<int64_t>(id) * d * sizeof(T));
+}
+
+// out[j] = w_j * table[offset + ids[j]] for j in [begin, end); false on a bad id.
+// (The site is passed by value, here and below: stores to rows cannot alias a local,
+// so its fields stay in registers.)
+template <int64_t kD, typename T, typename Tid>
+bool GatherRows(const Site<T, Tid> s, const T* table, int64_t d, int64_t begin,
+                int64_t end, T* out) {
+  const int64_t width = kD ? kD : d;
+  const T* base = table + s.offset * width;
+  const int64_t row_bytes = width * sizeof(T);
+  const int64_t ahead = PrefetchDistance(row_bytes);
+  for (int64_t j = begin; j < end; ++j) {
+    if (j + ahead < end) {
+      PrefetchBytes(RowAddress(base, s.ids[j + ahead], width), row_bytes);
+    }
+    const Tid id = s.ids[j];
+    if (!s.Valid(id)) return false;
+    const T* src = base + static_cast<int64_t>(id) * width;
+    if (s.weights) {
+      ScaleRow<kD>(out + j * width, src, s.weights[j], d);
+    } else {
+      CopyRow<kD>(out + j * width, src, d);
+    }
+  }
+  return true;
+}
+
+// Writes the pooled output rows of segments [begin, end); false on a bad id.
+template <int64_t kD, typename T, typename Tid>
+bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table,
+                  int64_t d, int64_t begin, int64_t end, T* out) {
+  const int64_t width = kD ? kD : d;
+  const T* base = table + s.offset * width;
+  const int64_t row_bytes = width * sizeof(T);
+  const int64_t ahead = PrefetchDistance(row_bytes);
+  const int64_t p_end = index.start[end];
+  auto entry = [&index](int64_t p) -> int64_t { return index.perm ? index.perm[p] : p; };
+  for (int64_t seg = begin; seg < end; ++seg) {
+    T* dst = out + seg * width;
+    const int64_t first = index.start[seg], last = index.start[seg + 1];
+    if (first == last) {
+      std::fill(dst, dst + width, T(0));
+      continue;
+    }
+    T weight_sum = 0;  // sum of w (mean) or of w^2 (sqrtn)
+    for (int64_t p = first; p < last; ++p) {
+      if (p + ahead < p_end) {
+        PrefetchBytes(RowAddress(base, s.ids[entry(p + ahead)], width), row_bytes);
+      }
+      const int64_t j = entry(p);
+      const Tid id = s.ids[j];
+      if (!s.Valid(id)) return false;
+      const T* src = base + static_cast<int64_t>(id) * width;
+      const T w = s.weights ? s.weights[j] : T(1);
+      if (p == first) {
+        ScaleRow<kD>(dst, src, w, d);
+      } else {
+        AxpyRow<kD>(dst, src, w, d);
+      }
+      weight_sum += s.combiner == Combiner::kSqrtN ? w * w : w;
+    }
+    if (s.combiner == Combiner::kMean || s.combiner == Combiner::kSqrtN) {
+      // Like TF's div_no_nan: a zero denominator gives a zero row.
+      const T denominator =
+          s.combiner == Combiner::kMean ? weight_sum : std::sqrt(weight_sum);
+      for (int64_t k = 0; k < width; ++k) {
+        dst[k] = denominator == 0 ? T(0) : dst[k] / denominator;
+      }
+    }
+  }
+  return true;
+}
+
+template <typename T, typename Tid>
+class PackedLookupOp : public OpKernel {
+ public:
+  explicit PackedLookupOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/true));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& table = ctx->input(0);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(table.shape()),
+                errors::InvalidArgument(kLookupOp, ": table must be a matrix [rows, dim]; ",
+                                        "got ", table.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, layout_.CheckRows(kLookupOp, table.dim_size(0)));
+    const int64_t d = table.dim_size(1);
+    std::vector<Site<T, Tid>> sites;
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kLookupOp, layout_, &sites));
+    const int num_sites = layout_.size();
+
+    OpOutputList outputs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("outputs", &outputs));
+    OpInputList ids;
+    OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
+    std::vector<T*> out(num_sites);
+    for (int i = 0; i < num_sites; ++i) {
+      Tensor* t;
+      OP_REQUIRES_OK(ctx, outputs.allocate(i, OutputShape(sites[i], ids[i], d), &t));
+      out[i] = t->flat<T>().data();
+    }
+
+    // Segment indexes of the pooled sites, in two shared buffers.
+    std::vector<int> pooled_sites;
+    int64_t starts_size = 0, perms_size = 0;
+    for (int i = 0; i < num_sites; ++i) {
+      if (!sites[i].pooled) continue;
+      pooled_sites.push_back(i);
+      starts_size += sites[i].num_segments + 1;
+      perms_size += sites[i].n;
+    }
+    std::unique_ptr<int64_t[]> starts(new int64_t[starts_size]);
+    std::unique_ptr<int32_t[]> perms(new int32_t[perms_size]);
+    std::vector<int64_t*> site_start(num_sites);
+    std::vector<int32_t*> site_perm(num_sites);
+    int64_t* next_start = starts.get();
+    int32_t* next_perm = perms.get();
+    for (int i : pooled_sites) {
+      site_start[i] = next_start;
+      site_perm[i] = next_perm;
+      next_start += sites[i].num_segments + 1;
+      next_perm += sites[i].n;
+    }
+    std::vector<SegmentIndex> index(num_sites);
+    std::atomic<bool> bad_segment(false);
+    RunWorkItems(ctx, pooled_sites.size(), starts_size + perms_size >= kMinParallelEntries,
+                 [&](int64_t k) {
+                   const int i = pooled_sites[k];
+                   if (!IndexSegments(sites[i], site_start[i], site_perm[i], &index[i])) {
+                     bad_segment.store(true);
+                   }
+                 });
+    OP_REQUIRES(ctx, !bad_segment.load(), FirstBadSegment(kLookupOp, layout_, sites));
+
+    // Items: ranges of ids (unpooled sites) or of segments (pooled sites, costed by
+    // their ids plus their output rows), of similar cost.
+    const int64_t row_bytes = std::max<int64_t>(1, d * sizeof(T));
+    int64_t total_rows = 0;
+    for (const auto& s : sites) total_rows += s.n + (s.pooled ? s.num_segments : 0);
+    const int64_t target = TargetItemRows(ctx, total_rows, row_bytes);
+    std::vector<WorkItem> items;
+    for (int i = 0; i < num_sites; ++i) {
+      if (sites[i].pooled) {
+        const int64_t* start = index[i].start;
+        SplitWork(i, sites[i].num_segments, target,
+                  [start](int64_t s) { return start[s] + s; }, &items);
+      } else {
+        SplitWork(i, sites[i].n, target, [](int64_t j) { return j; }, &items);
+      }
+    }
+    std::atomic<bool> bad_id(false);
+    RunWorkItems(ctx, items.size(), total_rows * row_bytes >= kMinParallelBytes,
+                 [&](int64_t k) {
+                   const WorkItem& item = items[k];
+                   const Site<T, Tid>& s = sites[item.unit];
+                   const T* t = table.flat<T>().data();
+                   const bool ok = DispatchDim(d, [&](auto dim) {
+                     constexpr int64_t kD = decltype(dim)::value;
+                     return s.pooled ? PoolSegments<kD>(s, index[item.unit], t, d, item.begin,
+                                                        item.end, out[item.unit])
+                                     : GatherRows<kD>(s, t, d, item.begin, item.end,
+                                                      out[item.unit]);
+                   });
+                   if (!ok) bad_id.store(true);
+                 });
+    OP_REQUIRES(ctx, !bad_id.load(), FirstBadId(kLookupOp, layout_, sites));
+  }
+
+ private:
+  PackedLayout layout_;
+};
+
+// ---------------------------------------------------------------------------------
+// PicassoPackedLookupGrad
+
+// Checks a pooled site's segment ids and, for mean and sqrtn, writes each segment's
+// scale 1 / sum(w) or 1 / sqrt(sum(w^2)) (0 where the sum is 0, like div_no_nan),
+// summing in the same order as the forward pass. False on a bad segment id.
+template <typename T, typename Tid>
+bool SegmentScales(const Site<T, Tid>& s, T* scale) {
+  if (scale) std::fill(scale, scale + s.num_segments, T(0));
+  for (int64_t j = 0; j < s.n; ++j) {
+    const int64_t seg = s.segments[j];
+    if (static_cast<uint64_t>(seg) >= static_cast<uint64_t>(s.num_segments)) return false;
+    if (scale) {
+      const T w = s.weights ? s.weights[j] : T(1);
+      scale[seg] += s.combiner == Combiner::kSqrtN ? w * w : w;
+    }
+  }
+  for (int64_t k = 0; scale && k < s.num_segments; ++k) {
+    const T denominator = s.combiner == Combiner::kMean ? scale[k] : std::sqrt(scale[k]);
+    scale[k] = denominator == 0 ? T(0) : T(1) / denominator;
+  }
+  return true;
+}
+
+// Writes the gradient rows of the unique rows [u0, u1) of a cluster: zeroes them, then
+// adds every contribution of the cluster's entries in local entry order, so each row's
+// sum has the same order whatever the item split or thread count.
+template <int64_t kD, typename T, typename Tid>
+void SumContributions(const std::vector<Site<T, Tid>>& sites,
+                      const std::vector<const T*>& grads, const std::vector<const T*>& scales,
+                      const RowClusters::Cluster& c, int64_t u0, int64_t u1, int64_t d,
+                      T* row_grads) {
+  const int64_t width = kD ? kD : d;
+  T* out = row_grads + c.unique_begin * width;
+  std::fill(out + u0 * width, out + u1 * width, T(0));
+  const bool all_rows = u0 == 0 && u1 == c.num_unique();
+  const int64_t ahead = PrefetchDistance(width * sizeof(T));
+  for (size_t k = 0; k < c.sites.size(); ++k) {
+    const int i = c.sites[k];
+    const Site<T, Tid> s = sites[i];  // a local copy: see GatherRows
+    const uint32_t* inverse = c.inverse.get() + c.site_begin[k];
+    const T* scale = scales[i];
+    const T* grad = grads[i];
+    for (int64_t j = 0; j < s.n; ++j) {
+      const int64_t u = inverse[j];
+      if (!all_rows && (u < u0 || u >= u1)) continue;
+      if (j + ahead < s.n) {
+        PrefetchBytes(out + inverse[j + ahead] * width, width * sizeof(T));
+      }
+      // Entry j reads gradient row j (combiner "none") or that of its segment.
+      const int64_t src = s.pooled ? s.segments[j] : j;
+      T w = s.weights ? s.weights[j] : T(1);
+      if (scale) w *= scale[src];
+      AxpyRow<kD>(out + u * width, grad + src * width, w, d);
+    }
+  }
+}
+
+template <typename T, typename Tid>
+class PackedLookupGradOp : public OpKernel {
+ public:
+  explicit PackedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/true));
+    int64_t num_rows;
+    OP_REQUIRES_OK(c, c->GetAttr("num_rows", &num_rows));
+    OP_REQUIRES_OK(c, layout_.CheckRows(kGradOp, num_rows));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    std::vector<Site<T, Tid>> sites;
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kGradOp, layout_, &sites));
+    const int num_sites = layout_.size();
+    OpInputList grad_list, ids;
+    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grad_list));
+    OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
+    OP_REQUIRES(ctx, grad_list[0].dims() >= 2,
+                errors::InvalidArgument(kGradOp, ": grads must have rank >= 2 [..., dim]; got ",
+                                        grad_list[0].shape().DebugString()));
+    const int64_t d = grad_list[0].dim_size(grad_list[0].dims() - 1);
+    std::vector<const T*> grads(num_sites);
+    for (int i = 0; i < num_sites; ++i) {
+      const TensorShape expected = OutputShape(sites[i], ids[i], d);
+      OP_REQUIRES(ctx, grad_list[i].shape() == expected,
+                  errors::InvalidArgument(kGradOp, ": the gradient of ", layout_.Feature(i),
+                                          " must have its lookup output's shape ",
+                                          expected.DebugString(), "; got ",
+                                          grad_list[i].shape().DebugString()));
+      grads[i] = grad_list[i].flat<T>().data();
+    }
+
+    // Check the segment ids, and compute the per-segment scales of mean and sqrtn sites.
+    std::vector<int> pooled_sites;
+    int64_t scales_size = 0, pooled_ids = 0;
+    for (int i = 0; i < num_sites; ++i) {
+      if (!sites[i].pooled) continue;
+      pooled_sites.push_back(i);
+      pooled_ids += sites[i].n;
+      if (sites[i].combiner != Combiner::kSum) scales_size += sites[i].num_segments;
+    }
+    std::unique_ptr<T[]> scale_buffer(new T[scales_size]);
+    std::vector<const T*> scales(num_sites, nullptr);
+    std::vector<T*> site_scale(num_sites, nullptr);
+    T* next_scale = scale_buffer.get();
+    for (int i : pooled_sites) {
+      if (sites[i].combiner == Combiner::kSum) continue;
+      scales[i] = site_scale[i] = next_scale;
+      next_scale += sites[i].num_segments;
+    }
+    std::atomic<bool> bad_segment(false);
+    RunWorkItems(ctx, pooled_sites.size(), pooled_ids >= kMinParallelEntries,
+                 [&](int64_t k) {
+                   const int i = pooled_sites[k];
+                   if (!SegmentScales(sites[i], site_scale[i])) bad_segment.store(true);
+                 });
+    OP_REQUIRES(ctx, !bad_segment.load(), FirstBadSegment(kGradOp, layout_, sites));
+
+    RowClusters groups;
+    OP_REQUIRES_OK(ctx, GroupByRow(ctx, kGradOp, layout_, sites, &groups));
+    Tensor *unique_rows, *row_grads;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("unique_rows", TensorShape({groups.num_unique}),
+                                             &unique_rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("row_grads", TensorShape({groups.num_unique, d}),
+                                             &row_grads));
+    int64_t* rows = unique_rows->flat<int64_t>().data();
+    for (const auto& c : groups.clusters) {
+      std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
+    }
+
+    // Items: whole clusters, except that a cluster costing more than an item's share
+    // is split by ranges of its unique rows (each item then scans all its entries).
+    const int64_t row_bytes = std::max<int64_t>(1, d * sizeof(T));
+    int64_t total_rows = 0;
+    for (const auto& c : groups.clusters) total_rows += c.num_entries() + c.num_unique();
+    const int64_t target = TargetItemRows(ctx, total_rows, row_bytes);
+    std::vector<WorkItem> items;
+    for (int k = 0; k < static_cast<int>(groups.clusters.size()); ++k) {
+      const int64_t u = groups.clusters[k].num_unique();
+      const int64_t cost = groups.clusters[k].num_entries() + u;
+      const int64_t pieces = std::clamp<int64_t>(cost / target, 1, NumThreads(ctx));
+      for (int64_t p = 0; p < pieces && u > 0; ++p) {
+        items.push_back({k, u * p / pieces, u * (p + 1) / pieces});
+      }
+    }
+    // Costliest first, so that the last items to be claimed are small ones.
+    auto item_cost = [&](const WorkItem& item) {
+      const RowClusters::Cluster& c = groups.clusters[item.unit];
+      return (c.num_entries() + c.num_unique()) * (item.end - item.begin) / c.num_unique();
+    };
+    std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
+      return item_cost(a) > item_cost(b);
+    });
+    T* out = row_grads->flat<T>().data();
+    RunWorkItems(ctx, items.size(), total_rows * row_bytes >= kMinParallelBytes,
+                 [&](int64_t k) {
+                   const WorkItem& item = items[k];
+                   DispatchDim(d, [&](auto dim) {
+                     SumContributions<decltype(dim)::value>(
+                         sites, grads, scales, groups.clusters[item.unit], item.begin,
+                         item.end, d, out);
+                   });
+                 });
+  }
+
+ private:
+  PackedLayout layout_;
+};
+
+// ---------------------------------------------------------------------------------
+// Registration
+
+Status PackedUniqueShape(InferenceContext* c) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+  for (int i = 0; i < n; ++i) c->set_output(1 + i, c->input(i));
+  c->set_output(1 + n, c->Vector(InferenceContext::kUnknownDim));
+  return OkStatus();
+}
+
+Status PackedLookupShape(InferenceContext* c) {
+  int n;
+  std::vector<std::string> combiners;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiners));
+  if (combiners.size() != n) {
+    return errors::InvalidArgument(kLookupOp, ": combiners needs one entry per site (", n,
+                                   "); got ", combiners.size());
+  }
+  ShapeHandle table;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &table));
+  for (int i = 0; i < n; ++i) {
+    if (combiners[i] == "none") {  // ids.shape + [D]
+      ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1 + i), c->Vector(c->Dim(table, 1)), &out));
+      c->set_output(i, out);
+      continue;
+    }
+    ShapeHandle ids;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(1 + i), 1, &ids));
+    DimensionHandle rows;
+    TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(1 + 3 * n + i, &rows));
+    c->set_output(i, c->Matrix(rows, c->Dim(table, 1)));
+  }
+  return OkStatus();
+}
+
+Status PackedLookupGradShape(InferenceContext* c) {
+  ShapeHandle grad;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 2, &grad));
+  c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+  c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, c->Dim(grad, -1)));
+  return OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("PicassoPackedUnique")
+    .Input("ids: N * Tid")
+    .Output("unique_rows: int64")
+    .Output("inverse: N * int32")
+    .Output("counts: int32")
+    .Attr("N: int >= 1")
+    .Attr("Tid: {int32, int64}")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(PackedUniqueShape)
+    .Doc(R"doc(
+Deduplicates the packed rows (id + offsets[i]) of all sites' ids, in ascending order.
+
+unique_rows: the distinct packed rows, ascending.
+inverse: for each id (same shape as its ids input), its index into unique_rows.
+counts: how many ids map to each unique row.
+)doc");
+
+REGISTER_OP("PicassoPackedLookup")
+    .Input("table: T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Output("outputs: N * T")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(PackedLookupShape)
+    .Doc(R"doc(
+Looks up every site's ids in a packed table [R, D] and pools them per segment.
+
+Site i reads rows offsets[i] + ids[i]. combiners[i] "none": outputs[i] is [n_i, D],
+row j = weights[j] * table[offset + ids[j]] (segment_ids[i] empty). "sum", "mean",
+"sqrtn": outputs[i] is [num_segments[i], D], the weighted sum of the rows whose
+segment id is s, divided by sum(w) (mean) or sqrt(sum(w^2)) (sqrtn), zero rows for
+empty segments, as tf.nn.embedding_lookup_sparse. Empty weights mean all ones.
+)doc");
+
+REGISTER_OP("PicassoPackedLookupGrad")
+    .Input("grads: N * T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Output("unique_rows: int64")
+    .Output("row_grads: T")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("num_rows: int >= 0")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(PackedLookupGradShape)
+    .Doc(R"doc(
+The table gradient of PicassoPackedLookup, row-sparse and deterministic.
+
+unique_rows: the packed rows that received a gradient, ascending.
+row_grads: [U, D], the summed gradient of each of those rows.
+)doc");
+
+#define REGISTER_PACKED_LOOKUP(T, Tid)                                                   \
+  REGISTER_KERNEL_BUILDER(Name("PicassoPackedLookup")                                    \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          PackedLookupOp<T, Tid>);                                       \
+  REGISTER_KERNEL_BUILDER(Name("PicassoPackedLookupGrad")                                \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          PackedLookupGradOp<T, Tid>);
+REGISTER_PACKED_LOOKUP(float, int32_t)
+REGISTER_PACKED_LOOKUP(float, int64_t)
+REGISTER_PACKED_LOOKUP(double, int32_t)
+REGISTER_PACKED_LOOKUP(double, int64_t)
+#undef REGISTER_PACKED_LOOKUP
+
+REGISTER_KERNEL_BUILDER(
+    Name("PicassoPackedUnique").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tid"),
+    PackedUniqueOp<int32_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("PicassoPackedUnique").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tid"),
+    PackedUniqueOp<int64_t>);
+
+}  // namespace tensorflow

@@ -1,0 +1,188 @@
+"""Fused lookups on a packed embedding table: op wrappers and the lookup's gradient.
+
+A packed table stacks several features' tables by rows: feature (site) i occupies
+rows ``[offsets[i], offsets[i] + vocab_sizes[i])``, so its id ``x`` reads packed row
+``x + offsets[i]``. The kernels are in ``custom_ops/packed_lookup_ops.cc``.
+
+Gradients of ``packed_lookup``: the table gets a ``tf.IndexedSlices`` (ascending
+unique rows, one summed row each; never a dense table-shaped tensor). Through a
+``ReadVariableOp`` it reaches the variable as such, so ``tf.gradients(loss, var)`` and
+``GradientTape.gradient(loss, var)`` both give row-sparse gradients. Weights get a
+gradient too (computed with stock TF ops, only when asked for: weights of embedding
+lookups are rarely trained); ids, segment ids and num_segments get none.
+"""
+import tensorflow as tf
+
+from picasso_tf.ops.library import load
+
+COMBINERS = ("none", "sum", "mean", "sqrtn")
+
+
+@tf.autograph.experimental.do_not_convert
+def _ops():
+    """The op module (not converted by AutoGraph when first called inside tf.function)."""
+    return load()
+
+
+def packed_unique(ids_list, offsets, vocab_sizes, feature_names, name=None):
+    """Deduplicates the packed rows of all sites' ids.
+
+    Args:
+      ids_list: one int32 or int64 tensor (any shape) of ids per site (mixed dtypes are
+        cast to int64).
+      offsets, vocab_sizes, feature_names: per site, where its rows lie and its name
+        (for error messages).
+
+    Returns:
+      ``(unique_rows, inverse_list, counts)``: the distinct packed rows (int64,
+      ascending), for each site an int32 tensor shaped like its ids holding each id's
+      index into ``unique_rows``, and how many ids map to each unique row (int32).
+    """
+    unique_rows, inverse, counts = _ops().picasso_packed_unique(
+        ids=_same_id_dtype(ids_list), offsets=list(offsets), vocab_sizes=list(vocab_sizes),
+        feature_names=list(feature_names), name=name)
+    return unique_rows, list(inverse), counts
+
+
+def packed_lookup(table, ids_list, segment_ids_list=None, weights_list=None,
+                  num_segments_list=None, *, offsets, vocab_sizes, combiners,
+                  feature_names, name=None):
+    """Looks up every site in one fused kernel; returns one output per site.
+
+    Args:
+      table: the packed table's value ``[R, D]`` (float32 or float64), e.g.
+        ``var.read_value()``; gradients flow to the variable.
+      ids_list: per site an int32/int64 tensor of ids (mixed dtypes are cast to int64):
+        1-D for pooled combiners, any shape for "none".
+      segment_ids_list: per site, for pooled combiners, the 1-D output row of each id
+        (unsorted allowed; ``None`` or an empty tensor for combiner "none"). If the
+        whole list is None, no site may pool.
+      weights_list: per site a 1-D weight per id, or None (all weights 1).
+      num_segments_list: per pooled site the number of output rows (scalar); None
+        means ``max(segment_ids) + 1``. Ignored for combiner "none".
+      offsets, vocab_sizes: per site, where its rows lie in the table.
+      combiners: per site "none" (output ``ids.shape + [D]``, row j = w_j * row of id j) or
+        "sum" / "mean" / "sqrtn" (output ``[num_segments, D]``, as
+        ``tf.nn.embedding_lookup_sparse``: empty segments give zero rows, and a zero
+        weight sum gives a zero row).
+      feature_names: per site, for error messages.
+    """
+    table = tf.convert_to_tensor(table)
+    n = len(ids_list)
+    for arg, values in (("offsets", offsets), ("vocab_sizes", vocab_sizes),
+                        ("combiners", combiners), ("feature_names", feature_names)):
+        if len(values) != n:
+            raise ValueError(f"packed_lookup: {arg} needs one entry per site ({n}); "
+                             f"got {len(values)}")
+    for combiner, feature in zip(combiners, feature_names):
+        if combiner not in COMBINERS:
+            raise ValueError(f"packed_lookup: feature '{feature}' has combiner '{combiner}'; "
+                             f"use one of {', '.join(COMBINERS)}")
+    ids = _same_id_dtype(ids_list)
+    segment_ids_list = _per_site(segment_ids_list, n)
+    weights_list = _per_site(weights_list, n)
+    num_segments_list = _per_site(num_segments_list, n)
+    segment_ids, weights, num_segments = [], [], []
+    for i in range(n):
+        pooled = combiners[i] != "none"
+        seg = segment_ids_list[i]
+        if pooled and seg is None:
+            raise ValueError(f"packed_lookup: feature '{feature_names[i]}' has combiner "
+                             f"'{combiners[i]}' but no segment ids")
+        seg = tf.zeros([0], tf.int64) if seg is None else tf.cast(seg, tf.int64)
+        segment_ids.append(seg)
+        w = weights_list[i]
+        weights.append(tf.zeros([0], table.dtype) if w is None
+                       else tf.convert_to_tensor(w, dtype=table.dtype))
+        count = num_segments_list[i]
+        if count is None:
+            count = tf.maximum(tf.reduce_max(seg), -1) + 1 if pooled else 0
+        num_segments.append(tf.cast(count, tf.int64))
+    return list(_ops().picasso_packed_lookup(
+        table=table, ids=ids, segment_ids=segment_ids, weights=weights,
+        num_segments=num_segments, offsets=list(offsets), vocab_sizes=list(vocab_sizes),
+        combiners=list(combiners), feature_names=list(feature_names), name=name))
+
+
+def packed_lookup_grad(grads, ids_list, segment_ids_list, weights_list, num_segments_list,
+                       *, num_rows, offsets, vocab_sizes, combiners, feature_names, name=None):
+    """The table gradient of ``packed_lookup`` as ``(unique_rows, row_grads)``.
+
+    Takes the raw per-site inputs of the lookup op (empty tensors, not None, for absent
+    segment ids and weights) and the gradients of its outputs.
+    """
+    return _ops().picasso_packed_lookup_grad(
+        grads=list(grads), ids=list(ids_list), segment_ids=list(segment_ids_list),
+        weights=list(weights_list), num_segments=list(num_segments_list), num_rows=num_rows,
+        offsets=list(offsets), vocab_sizes=list(vocab_sizes), combiners=list(combiners),
+        feature_names=list(feature_names), name=name)
+
+
+def _same_id_dtype(ids_list):
+    """The ids as tensors of one dtype: int64 where the sites' dtypes differ."""
+    ids = [tf.convert_to_tensor(x) for x in ids_list]
+    if len({x.dtype for x in ids}) > 1:
+        ids = [tf.cast(x, tf.int64) for x in ids]
+    return ids
+
+
+def _per_site(values, n):
+    return [None] * n if values is None else list(values)
+
+
+def _attrs(op):
+    return {"offsets": op.get_attr("offsets"), "vocab_sizes": op.get_attr("vocab_sizes"),
+            "combiners": [c.decode() for c in op.get_attr("combiners")],
+            "feature_names": [f.decode() for f in op.get_attr("feature_names")]}
+
+
+@tf.RegisterGradient("PicassoPackedLookup")
+def _packed_lookup_gradient(op, *grads):
+    n = op.get_attr("N")
+    table = op.inputs[0]
+    ids = op.inputs[1:1 + n]
+    segment_ids = op.inputs[1 + n:1 + 2 * n]
+    weights = op.inputs[1 + 2 * n:1 + 3 * n]
+    num_segments = op.inputs[1 + 3 * n:1 + 4 * n]
+    # An output's gradient may come as IndexedSlices (e.g. from a gather): [n_i, D] dense.
+    grads = [tf.zeros_like(out) if g is None else tf.convert_to_tensor(g)
+             for g, out in zip(grads, op.outputs)]
+    attrs = _attrs(op)
+    # Eager tapes say which inputs need no gradient; graph mode prunes unused ones.
+    skip = set(getattr(op, "skip_input_indices", None) or ())
+    table_grad = None
+    if 0 not in skip:
+        num_rows = table.shape[0]
+        if num_rows is None:  # any bound works: the op only checks the layout against it
+            num_rows = max(o + v for o, v in zip(attrs["offsets"], attrs["vocab_sizes"]))
+        unique_rows, row_grads = packed_lookup_grad(
+            grads, ids, segment_ids, weights, num_segments, num_rows=num_rows, **attrs)
+        table_grad = tf.IndexedSlices(row_grads, unique_rows,
+                                      dense_shape=tf.shape(table, out_type=tf.int64))
+    weight_grads = []
+    for i in range(n):
+        empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
+        weight_grads.append(None if empty or (1 + 2 * n + i) in skip else _weight_gradient(
+            table, grads[i], op.outputs[i], ids[i], segment_ids[i], weights[i],
+            num_segments[i], attrs["offsets"][i], attrs["combiners"][i]))
+    return [table_grad] + [None] * (2 * n) + weight_grads + [None] * n
+
+
+def _weight_gradient(table, grad, output, ids, segment_ids, weights, num_segments, offset,
+                     combiner):
+    """d loss / d weights of one site (stock TF ops; runs only when it is needed)."""
+    rows = tf.gather(table, tf.cast(ids, tf.int64) + offset)
+    if combiner == "none":
+        return tf.reduce_sum(grad * rows, axis=1)
+    dot = tf.reduce_sum(tf.gather(grad, segment_ids) * rows, axis=1)
+    if combiner == "sum":
+        return dot
+    # out_s = sum_j w_j e_j / den_s, so d out_s / d w_j = (e_j - out_s * dden_s/dw_j) / den_s
+    # with dden/dw_j = 1 (mean, den = sum w) or w_j / den (sqrtn, den = sqrt(sum w^2)).
+    out_dot = tf.gather(tf.reduce_sum(grad * output, axis=1), segment_ids)
+    if combiner == "mean":
+        den = tf.math.unsorted_segment_sum(weights, segment_ids, num_segments)
+        return tf.math.divide_no_nan(dot - out_dot, tf.gather(den, segment_ids))
+    den = tf.gather(tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, segment_ids,
+                                                         num_segments)), segment_ids)
+    return tf.math.divide_no_nan(dot - weights * tf.math.divide_no_nan(out_dot, den), den)
