@@ -102,6 +102,9 @@ class PicassoModel(tf.keras.Model):
         self._eager_calls = {}
         self._last_regularization = None
         self._applier = None
+        if getattr(original, "output_names", None):
+            # Keras matches dict labels to outputs by these names.
+            self.output_names = list(original.output_names)
         specs = None
         if example_inputs is not None or (getattr(original, "_is_graph_network", False) and original.inputs):
             specs = input_signature(original, example_inputs)

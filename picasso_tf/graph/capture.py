@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from picasso_tf.graph.graph_def_util import canonical
+from picasso_tf.graph.inline import inline_function_calls
 
 
 @dataclasses.dataclass
@@ -101,7 +102,7 @@ def capture(model, specs, training):
     output_structure = tf.nest.map_structure(lambda t: canonical(t.name), outputs)
     output_masks = [canonical(m.name) if m is not None else None for m in masks]
     return CapturedGraph(
-        graph_def=graph.as_graph_def(), input_specs=specs, input_tensors=input_tensors,
+        graph_def=inline_function_calls(graph.as_graph_def()), input_specs=specs, input_tensors=input_tensors,
         output_structure=output_structure,
         regularization_loss=canonical(reg.name) if reg is not None else None,
         output_masks=output_masks,

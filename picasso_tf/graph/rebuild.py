@@ -4,7 +4,8 @@ Imported ops are invisible to tf.GradientTape, so callers differentiate with
 tf.gradients; custom ops carry their own registered gradients.
 """
 import tensorflow as tf
-from tensorflow.python.eager import context
+
+from picasso_tf.graph.inline import register_library
 
 
 def conform_inputs(specs, inputs):
@@ -51,7 +52,7 @@ def import_forward(graph_def, input_tensors, inputs, captures, output_tensors, n
     graph = tf.compat.v1.get_default_graph()
     if not hasattr(graph, "capture"):
         raise RuntimeError("import_forward must run while tracing a tf.function")
-    _register_functions(graph_def)
+    register_library(graph_def)
     input_map = dict(zip(input_tensors, inputs))
     for placeholder, value in captures.items():
         # Outside (eager) tensors must become captures of the function being traced.
@@ -59,11 +60,3 @@ def import_forward(graph_def, input_tensors, inputs, captures, output_tensors, n
     return tf.graph_util.import_graph_def(
         graph_def, input_map=input_map, return_elements=list(output_tensors), name=name)
 
-
-def _register_functions(graph_def):
-    """Functions of the GraphDef's library (control-flow branches and bodies) must be
-    known to the runtime: import_graph_def only records them in the Python graph."""
-    ctx = context.context()
-    for fdef in graph_def.library.function:
-        if not ctx.has_function(fdef.signature.name):
-            ctx.add_function_def(fdef)
