@@ -10,6 +10,11 @@ plus the gradient of the tables for a fixed upstream gradient. Three variants:
                 i.e. IndexedSlices holding one gradient row per id, duplicates included
   stock+dedup   stock, plus the duplicate summing (tf.unique + unsorted_segment_sum
                 per field) that Keras optimizers other than SGD do before applying
+  fused+sgd     fused, plus picasso_tf's fused row-sparse SGD update of the table
+  fbgemm        (with --fbgemm-python) fbgemm's CPU TableBatchedEmbedding forward +
+                backward with its fused exact SGD update, on the same ids, run by
+                benchmarks/fbgemm_tbe_worker.py in a venv holding torch 2.13.0 and
+                fbgemm-gpu-cpu 1.8.0 (not a project dependency); compare with fused+sgd
 
 GB/s counts the embedding-row bytes the work needs: the forward reads and writes one
 row per id, the backward reads one gradient row per id and writes one row per unique
@@ -17,16 +22,20 @@ row per id, the backward reads one gradient row per id and writes one row per un
 bandwidth is measured with a large NumPy copy (one thread; read + write bytes).
 
 Run: .venv/bin/python benchmarks/lookup_kernel.py [--dims 8 16 32] [--steps 20]
+       [--fbgemm-python /path/to/fbgemm-venv/bin/python]
 """
 import argparse
 import os
 import platform
 import statistics
+import subprocess
+import tempfile
 import time
 
 import numpy as np
 import tensorflow as tf
 
+from picasso_tf.ops import sparse_apply
 from picasso_tf.ops.packed_lookup import packed_lookup
 
 
@@ -56,14 +65,19 @@ def build_steps(dim, fields, vocab, batch):
     upstream = [tf.constant(rng.normal(size=(batch, dim)), tf.float32) for _ in range(fields)]
     specs = [tf.TensorSpec([batch], tf.int64)] * fields
 
-    @tf.function(input_signature=[specs])
-    def fused(ids_list):
+    def fused_body(ids_list, update):
         outs = packed_lookup(packed.read_value(), ids_list, offsets=offsets,
                              vocab_sizes=[vocab] * fields, combiners=["none"] * fields,
                              feature_names=names)
         grad = tf.gradients(outs, [packed], grad_ys=upstream)[0]
-        with tf.control_dependencies(outs + [grad.values, grad.indices]):
+        deps = outs + [grad.values, grad.indices]
+        if update:
+            deps.append(sparse_apply.sgd(packed, grad.indices, grad.values, lr=0.01))
+        with tf.control_dependencies(deps):
             return tf.size(grad.indices)
+
+    fused = tf.function(lambda ids: fused_body(ids, False), input_signature=[specs])
+    fused_sgd = tf.function(lambda ids: fused_body(ids, True), input_signature=[specs])
 
     def stock_body(ids_list, dedup):
         outs = [tf.nn.embedding_lookup(t, i) for t, i in zip(tables, ids_list)]
@@ -81,7 +95,19 @@ def build_steps(dim, fields, vocab, batch):
 
     stock = tf.function(lambda ids: stock_body(ids, False), input_signature=[specs])
     stock_dedup = tf.function(lambda ids: stock_body(ids, True), input_signature=[specs])
-    return {"fused": fused, "stock": stock, "stock+dedup": stock_dedup}, [packed] + tables
+    return ({"fused": fused, "stock": stock, "stock+dedup": stock_dedup, "fused+sgd": fused_sgd},
+            [packed] + tables)
+
+
+def fbgemm_ms(python, ids, vocab, dim, steps):
+    """Median ms/step of fbgemm's TBE on the same ids, timed in its own venv."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ids.npz")
+        np.savez(path, ids=np.stack(ids), vocab=vocab)
+        worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fbgemm_tbe_worker.py")
+        out = subprocess.run([python, worker, path, str(dim), str(steps)], capture_output=True, text=True,
+                             check=True)
+        return float(out.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -92,6 +118,7 @@ def main():
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--zipf", type=float, default=1.2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--fbgemm-python", help="python of a venv with torch 2.13.0 + fbgemm-gpu-cpu 1.8.0")
     args = parser.parse_args()
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
@@ -103,7 +130,8 @@ def main():
     print(f"{args.fields} fields x vocab {args.vocab}, batch {args.batch}, Zipf {args.zipf}, "
           f"median of {args.steps} interleaved steps after warm-up\n")
     rng = np.random.default_rng(0)
-    ids = [tf.constant(x) for x in zipf_ids(rng, args.fields, args.batch, args.vocab, args.zipf)]
+    raw_ids = zipf_ids(rng, args.fields, args.batch, args.vocab, args.zipf)
+    ids = [tf.constant(x) for x in raw_ids]
     num_ids = args.fields * args.batch
     for dim in args.dims:
         steps, variables = build_steps(dim, args.fields, args.vocab, args.batch)
@@ -121,11 +149,13 @@ def main():
         moved = (2 * num_ids + num_ids + unique) * row_bytes
         print(f"D={dim}: {num_ids} ids, {unique} unique (field, id) rows, "
               f"{moved / 1e6:.0f} MB of rows per step")
-        fused_ms = statistics.median(times["fused"]) * 1e3
-        for name, samples in times.items():
-            ms = statistics.median(samples) * 1e3
+        medians = {name: statistics.median(samples) * 1e3 for name, samples in times.items()}
+        if args.fbgemm_python:
+            medians["fbgemm"] = fbgemm_ms(args.fbgemm_python, raw_ids, args.vocab, dim, args.steps)
+        for name, ms in medians.items():
+            base = "fused+sgd" if name in ("fused+sgd", "fbgemm") else "fused"
             print(f"  {name:12s} {ms:8.2f} ms/step  {moved / ms / 1e6:6.2f} GB/s  "
-                  f"fused speed-up x{ms / fused_ms:.2f}")
+                  f"{base} speed-up x{ms / medians[base]:.2f}")
         del steps, variables
 
 

@@ -157,8 +157,11 @@ def _packed_lookup_gradient(op, *grads):
             num_rows = max(o + v for o, v in zip(attrs["offsets"], attrs["vocab_sizes"]))
         unique_rows, row_grads = packed_lookup_grad(
             grads, ids, segment_ids, weights, num_segments, num_rows=num_rows, **attrs)
-        table_grad = tf.IndexedSlices(row_grads, unique_rows,
-                                      dense_shape=tf.shape(table, out_type=tf.int64))
+        # A static shape keeps the gradient from holding the table's value: a tensor still
+        # alive when the optimizer updates the table would make it copy the whole table.
+        dense_shape = (tf.constant(table.shape.as_list(), tf.int64) if table.shape.is_fully_defined()
+                       else tf.shape(table, out_type=tf.int64))
+        table_grad = tf.IndexedSlices(row_grads, unique_rows, dense_shape=dense_shape)
     weight_grads = []
     for i in range(n):
         empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
