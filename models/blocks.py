@@ -133,6 +133,7 @@ class SumLogits(tf.keras.layers.Layer):
     def build(self, input_shape):
         if self.use_bias:
             self.bias = self.add_weight(name="bias", shape=(1,), initializer="zeros")
+        super().build(input_shape)
 
     def call(self, logits):
         total = tf.add_n(list(logits)) if isinstance(logits, (list, tuple)) else logits

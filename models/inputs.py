@@ -1,6 +1,6 @@
 """Reading a picasso_tf Schema the way the zoo's models need it.
 
-Only plain-Python views of the schema plus two tiny Keras helpers; the embedding code
+Plain-Python views of the schema plus a few small Keras helpers; the embedding code
 itself lives in each model (the zoo deliberately shows several embedding styles).
 
 Conventions (see picasso_tf/data/schema.py): dense float32 [B] or [B, dim]; one-hot
@@ -33,15 +33,21 @@ def behaviour_pairs(schema) -> List[BehaviourPair]:
     return pairs
 
 
+def shared_tables(pairs, make):
+    """One table per behaviour group, shared by its target and all its sequences:
+    {group: make(vocab_size, target)}, vocab_size covering every feature of the group."""
+    tables = {}
+    for p in pairs:
+        group = p.target.group
+        if group not in tables:
+            members = [f for q in pairs if q.target.group == group for f in q]
+            tables[group] = make(max(f.vocab_size for f in members), p.target)
+    return tables
+
+
 def behaviour_names(schema):
     """Names of the features that take part in a behaviour pair (targets and sequences)."""
     return {f.name for p in behaviour_pairs(schema) for f in p}
-
-
-def multi_hot(schema, exclude_behaviour=True):
-    """Sequence features that are pooled as bags (not behaviour sequences)."""
-    skip = {p.sequence.name for p in behaviour_pairs(schema)} if exclude_behaviour else set()
-    return [f for f in schema.sequences if f.name not in skip]
 
 
 def table_size(feature, *others):
@@ -73,10 +79,6 @@ def concat(tensors, name):
     if not tensors:
         raise ValueError(f"{name}: nothing to concatenate (the schema has no usable features)")
     return tensors[0] if len(tensors) == 1 else tf.keras.layers.Concatenate(name=name)(tensors)
-
-
-def label_names(schema):
-    return list(schema.labels)
 
 
 def prediction(x, schema, name: Optional[str] = None):

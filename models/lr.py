@@ -15,7 +15,7 @@ import tensorflow as tf
 from . import inputs as zin
 from .blocks import SumLogits
 
-TRAINING = dict(optimizer="adam", learning_rate=0.003, epochs=3, batch_size=256)
+TRAINING = dict(optimizer="adam", learning_rate=0.01, epochs=5, batch_size=512)
 META = dict(paper="Gai et al. 2017, LS-PLM (cited as LR [35] in PICASSO Table VII)",
             needs=(), description="logistic regression (pieces=1) / LS-PLM (pieces>1)")
 
