@@ -148,6 +148,15 @@ class PicassoModel(tf.keras.Model):
         if self._forward is None:
             self._rewrite(input_signature(self.original, inputs))
 
+    def rewritten_forward(self, training=True, example_inputs=None):
+        """The rewritten forward pass (a RewrittenForward: its .captured holds the
+        GraphDef); example_inputs rewrite a subclassed model not yet called."""
+        if example_inputs is not None:
+            self._ensure_rewritten(example_inputs)
+        if self._forward is None:
+            raise ValueError(f"{self.name} has not been rewritten yet: pass example_inputs or call it on a batch")
+        return self._forward[bool(training)]
+
     # -- keras.Model -------------------------------------------------------------------
     def call(self, inputs, training=None):
         self._ensure_rewritten(inputs)

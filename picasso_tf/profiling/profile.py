@@ -21,12 +21,12 @@ def profile(model, batch, out_dir=None, trace_steps=3):
     """Profiles a PicassoModel on one (features, labels) batch; returns a dict report
     (and writes the artefacts listed in the module docstring when out_dir is given)."""
     x, y = batch[0], batch[1]
-    model._ensure_rewritten(x)
+    forward = model.rewritten_forward(training=True, example_inputs=x)
     specs = input_signature(model.original, x)
     label_spec = tf.nest.map_structure(lambda t: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype), y)
     graphs = {
         "forward_baseline": capture(model.original, specs, training=True).graph_def,
-        "forward_picasso": model._forward[True].captured.graph_def,
+        "forward_picasso": forward.captured.graph_def,
         "step_baseline": _step_graph(_baseline_step(model), specs, label_spec),
         "step_picasso": _step_graph(_picasso_step(model), specs, label_spec),
     }
@@ -78,11 +78,12 @@ def _baseline_step(model):
 def _picasso_step(model):
     loss_fn, opt = _loss_fn(model), _fresh_optimizer(model)
     fused, _ = make_fused_update(opt, model.picasso.packed_tables, model.picasso.config)
-    trainable = [v for v in model._forward[True].variables if v.trainable]
+    forward = model.rewritten_forward(training=True)
+    trainable = [v for v in forward.variables if v.trainable]
     applier = GradientApplier(trainable, [], fused)
 
     def step(x, y):
-        pred, reg = model._forward[True](x)
+        pred, reg = forward(x)
         loss = loss_fn(y, pred, [reg] if reg is not None else None)
         applier.apply(opt, loss)
         return loss
