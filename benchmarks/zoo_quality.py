@@ -3,13 +3,11 @@ table of models/README.md: trainable parameters at default size on MovieLens-100
 AUC on MovieLens' seeded random 80/20 split and on its time-ordered split, and the gap
 to the planted model's AUC on the zoo's synthetic task (see models/quality.py).
 
-    .venv/bin/python benchmarks/zoo_quality.py                 # everything (~10 min on 2 cores)
+    .venv/bin/python benchmarks/zoo_quality.py                 # everything (7.5 min on 2 shared cores)
     .venv/bin/python benchmarks/zoo_quality.py --models din,dien --tasks random
     .venv/bin/python benchmarks/zoo_quality.py --json results.json
 """
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -26,23 +24,6 @@ import tensorflow as tf  # noqa: E402
 TASKS = ("random", "time", "synthetic")
 
 
-def import_zoo():
-    """picasso_tf.models, mapped from models/ when the checkout is not pip-installed."""
-    try:
-        return importlib.import_module("picasso_tf.models")
-    except ModuleNotFoundError as err:
-        if err.name != "picasso_tf.models":
-            raise
-    spec = importlib.util.spec_from_file_location("picasso_tf.models", ROOT / "models" / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT / "models")])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["picasso_tf.models"] = module
-    import picasso_tf
-    picasso_tf.models = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -55,7 +36,7 @@ def cpu_model():
 
 
 def main(argv=None):
-    zoo = import_zoo()
+    import picasso_tf.models as zoo
     from picasso_tf.models import quality
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -5,40 +5,15 @@ The quality tests (marked slow, still in the default run) use short settings: on
 epoch on MovieLens (LR: two) and quality.synthetic_recipe on the synthetic task;
 benchmarks/zoo_quality.py runs the full default recipes for the README table.
 """
-import importlib
-import importlib.util
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import picasso_tf.models as zoo
 from picasso_tf.data import Feature, Schema, TabularData, alibaba_schema, roc_auc
-
-
-def _import_zoo():
-    """picasso_tf.models; in a checkout without `pip install -e .` setup.py's package_dir
-    mapping (models/ -> picasso_tf.models) does not exist yet, so map it here."""
-    try:
-        return importlib.import_module("picasso_tf.models")
-    except ModuleNotFoundError as err:
-        if err.name != "picasso_tf.models":
-            raise
-    root = pathlib.Path(__file__).resolve().parents[1] / "models"
-    spec = importlib.util.spec_from_file_location("picasso_tf.models", root / "__init__.py",
-                                                  submodule_search_locations=[str(root)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["picasso_tf.models"] = module
-    import picasso_tf
-    picasso_tf.models = module
-    spec.loader.exec_module(module)
-    return module
-
-
-zoo = _import_zoo()
-from picasso_tf.models import quality  # noqa: E402
+from picasso_tf.models import quality
 
 ALL = zoo.list()
 SEQUENCE_MODELS = ("din", "dien", "dsin", "atbrg")
