@@ -1,0 +1,163 @@
+"""The stages of one `wide_lr` training step timed in isolation, picasso_tf path vs stock.
+
+The `wide_lr` model (one Embedding per one-hot field, concatenated, one sigmoid unit)
+is taken apart: each stage is its own tf.function on the stage's real inputs (the
+benchmark's ids, the previous stage's outputs), and the stages are run in turn,
+interleaved, `repeats` times after warm-up; medians and quartiles are reported.
+
+picasso_tf path (packed groups exactly as the PicassoModel's plan made them):
+  lookup      PicassoPackedLookup, one per packed group (per-field outputs)
+  concat      ConcatV2 of the per-field outputs (the model's Concatenate)
+  dense       the sigmoid unit forward + backward, including the input gradient dx
+  split       SplitV of dx into per-field gradients (the Concatenate's gradient)
+  grad        PicassoPackedLookupGrad, one per group (deduplicated, summed rows)
+  apply       PicassoSparseApplyAdagrad, one per group
+stock path (what Keras does per field): ResourceGather per field; Keras Adagrad's
+  _deduplicate_sparse_grad (Unique + UnsortedSegmentSum) and update (two scatters and
+  a gather) per field.
+bound: the dense stage without dx (a model whose input is the [B, sum(dims)] tensor).
+"""
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+
+def _groups_from_plan(plan, tables_by_field):
+    """[(dim, [field indices], [row offsets])] in the plan's packed groups."""
+    field_of = {t.ref(): i for i, t in enumerate(tables_by_field)}
+    out = []
+    for g in plan.groups or ():
+        members = [(field_of[s.variable.ref()], s.offset) for s in g.slots if s.variable.ref() in field_of]
+        if members:
+            out.append((g.dim, [m[0] for m in members], [m[1] for m in members],
+                        sum(s.rows for s in g.slots)))
+    return out
+
+
+def stage_times(schema, features, labels, batch_size, plan, tables_by_field, repeats=15, seed=0,
+                learning_rate=0.01, epsilon=1e-7):
+    """{stage: {"ms": median, "q1", "q3"}} plus "unique_rows" and "groups"."""
+    from picasso_tf.ops import sparse_apply
+    from picasso_tf.ops.packed_lookup import packed_lookup
+
+    fields = list(schema.categorical)
+    dims = [f.embedding_dim for f in fields]
+    ids = [tf.constant(features[f.name][:batch_size]) for f in fields]
+    groups = _groups_from_plan(plan, tables_by_field)
+    rng = np.random.default_rng(seed)
+    packed = [tf.Variable(rng.uniform(-0.05, 0.05, (rows, d)).astype(np.float32)) for d, _, _, rows in groups]
+    accumulators = [tf.Variable(tf.fill([rows, d], 0.1)) for d, _, _, rows in groups]
+    weights = tf.Variable(rng.normal(size=(sum(dims), 1)).astype(np.float32) * 0.01)
+    y = tf.constant(np.asarray(labels[:batch_size], np.float32).reshape(-1, 1))
+
+    def meta(members, offsets):
+        return dict(offsets=offsets, vocab_sizes=[fields[i].vocab_size for i in members],
+                    combiners=["none"] * len(members), feature_names=[fields[i].name for i in members])
+
+    @tf.function
+    def lookup():
+        outs = [None] * len(fields)
+        for (_, members, offsets, _), table in zip(groups, packed):
+            for i, out in zip(members, packed_lookup(table.read_value(), [ids[i] for i in members],
+                                                     **meta(members, offsets))):
+                outs[i] = out
+        return outs
+
+    concat = tf.function(lambda xs: tf.concat(xs, 1))
+
+    def loss_of(x):
+        p = tf.sigmoid(x @ weights)
+        return tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, p))
+
+    @tf.function
+    def dense(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = loss_of(x)
+        return tape.gradient(loss, [x, weights])
+
+    @tf.function
+    def dense_bound(x):
+        with tf.GradientTape() as tape:
+            loss = loss_of(x)
+        return tape.gradient(loss, weights)
+
+    split = tf.function(lambda g: tf.split(g, dims, axis=1))
+
+    @tf.function
+    def grad(pieces):
+        out = []
+        for (_, members, offsets, _), table in zip(groups, packed):
+            value = table.read_value()
+            o = packed_lookup(value, [ids[i] for i in members], **meta(members, offsets))
+            g = tf.gradients(o, value, grad_ys=[pieces[i] for i in members])[0]
+            out.append((g.indices, g.values))
+        return out
+
+    @tf.function
+    def apply(grads):
+        ops = [sparse_apply.adagrad(t, a, rows, values, lr=learning_rate, epsilon=epsilon)
+               for (rows, values), t, a in zip(grads, packed, accumulators)]
+        with tf.control_dependencies(ops):
+            return tf.constant(0)
+
+    stock_tables = [tf.Variable(rng.uniform(-0.05, 0.05, (f.vocab_size, d)).astype(np.float32))
+                    for f, d in zip(fields, dims)]
+    stock_accumulators = [tf.Variable(tf.fill([f.vocab_size, d], 0.1)) for f, d in zip(fields, dims)]
+
+    @tf.function
+    def stock_lookup():
+        return [tf.nn.embedding_lookup(t, i) for t, i in zip(stock_tables, ids)]
+
+    @tf.function
+    def stock_update(pieces):
+        ops = []
+        for t, a, i, g in zip(stock_tables, stock_accumulators, ids, pieces):
+            rows, position = tf.unique(i)                       # Keras' _deduplicate_sparse_grad
+            values = tf.math.unsorted_segment_sum(g, position, tf.size(rows))
+            a.scatter_add(tf.IndexedSlices(values * values, rows))
+            denominator = tf.sqrt(tf.gather(a, rows) + epsilon)
+            ops.append(t.scatter_add(tf.IndexedSlices(-learning_rate * values / denominator, rows)))
+        with tf.control_dependencies(ops):
+            return tf.constant(0)
+
+    outs = lookup()
+    x = concat(outs)
+    dx, _ = dense(x)
+    pieces = split(dx)
+    grads = grad(pieces)
+    stages = {
+        "picasso: lookup (PicassoPackedLookup)": lambda: lookup(),
+        "picasso: concat (ConcatV2)": lambda: concat(outs),
+        "dense: forward + backward incl. dx": lambda: dense(x),
+        "picasso: split dx (SplitV)": lambda: split(dx),
+        "picasso: lookup grad (PicassoPackedLookupGrad)": lambda: grad(pieces),
+        "picasso: apply (PicassoSparseApplyAdagrad)": lambda: apply(grads),
+        "bound: dense forward + backward, no dx": lambda: dense_bound(x),
+        "stock: lookup (ResourceGather per field)": lambda: stock_lookup(),
+        "stock: dedup + Adagrad update per field": lambda: stock_update(pieces),
+    }
+    for f in stages.values():
+        f()
+        f()
+    times = {k: [] for k in stages}
+    for _ in range(repeats):
+        for name, f in stages.items():
+            start = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - start)
+    out = {"stages": {}, "repeats": repeats, "groups": [(d, len(m)) for d, m, _, _ in groups],
+           "unique_rows": int(sum(int(g[0].shape[0]) for g in grads)),
+           "ids": len(fields) * batch_size}
+    for name, samples in times.items():
+        q1, med, q3 = np.percentile(samples, [25, 50, 75]) * 1e3
+        out["stages"][name] = {"ms": float(med), "q1": float(q1), "q3": float(q3)}
+    picasso = [k for k in out["stages"] if k.startswith("picasso") or k.startswith("dense")]
+    stock = [k for k in out["stages"] if k.startswith("stock")] + \
+        ["picasso: concat (ConcatV2)", "dense: forward + backward incl. dx", "picasso: split dx (SplitV)"]
+    out["picasso_sum_ms"] = statistics.fsum(out["stages"][k]["ms"] for k in picasso)
+    out["stock_sum_ms"] = statistics.fsum(out["stages"][k]["ms"] for k in stock)
+    out["bound_ms"] = out["stages"]["bound: dense forward + backward, no dx"]["ms"]
+    return out

@@ -1,0 +1,129 @@
+"""picasso-bench end to end at toy sizes: every section runs, the results JSON records the
+machine, versions, commit and command, and the report (markdown + charts) is well-formed.
+Speed is never asserted here (ARCHITECTURE.md §6): the figures of a tiny run mean nothing."""
+import json
+import os
+
+import pytest
+
+from picasso_tf.profiling import bench_report, bench_sections
+from picasso_tf.tools import bench
+
+SECTION_HEADINGS = {
+    "packing": "## 1. Packing benchmark (issue 4)",
+    "zoo": "## 2. Zoo throughput",
+    "auc": "## 3. AUC parity",
+    "ablation": "## 4. Ablation",
+    "ops": "## 5. Operation counts",
+    "scaling": "## 6. Feature-field scaling",
+    "hotstorage": "## 7. Hot-storage size sweep",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    out, docs = root / "tiny.json", root / "docs"
+    code = bench.main(["--tiny", "--out", str(out), "--docs", str(docs)])
+    assert code == 0
+    return json.loads(out.read_text()), docs
+
+
+def _tables(markdown):
+    """Markdown tables as lists of rows (lists of cells)."""
+    tables, current = [], []
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            current.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def test_results_json_records_provenance(tiny_run):
+    results, _ = tiny_run
+    assert results["suite"] == "picasso-bench" and results["mode"] == "tiny"
+    assert results["command"].startswith("picasso-bench --tiny")
+    machine = results["machine"]
+    assert machine["cores"] >= 1 and machine["cpu_model"] and machine["memory_gib"] > 0
+    assert {"tensorflow", "keras", "picasso_tf", "python", "numpy"} <= set(results["versions"])
+    assert "commit" in results["git"]
+    assert len(results["load_average"]["start"]) == 3 and len(results["load_average"]["end"]) == 3
+    assert set(results["sections"]) == set(bench_sections.SECTIONS)
+
+
+def test_timed_rows_are_interleaved_medians_with_spread(tiny_run):
+    results, _ = tiny_run
+    packing = results["sections"]["packing"]
+    row = next(r for r in packing["rows"] if r["name"] == "wide_lr")
+    assert "error" not in row, row.get("error")
+    assert set(row["variants"]) == {"baseline", "picasso", "bound"}
+    for v in row["variants"].values():
+        assert len(v["step_ms_per_round"]) == row["rounds"]
+        assert v["samples_per_s_min"] <= v["samples_per_s"] <= v["samples_per_s_max"]
+    for pair in ("picasso/baseline", "picasso/bound", "baseline/bound"):
+        r = row["ratios"][pair]
+        assert len(r["per_round"]) == row["rounds"] and r["min"] <= r["median"] <= r["max"]
+    assert row["packed_groups"] >= 1 and row["bound_input_width"] > 0
+    assert row["load_average"][0] and row["load_average"][1]
+    # the per-op breakdown and the isolated stages of the wide step
+    breakdown = packing["breakdown"]
+    assert {"baseline", "picasso", "bound"} <= set(breakdown)
+    assert any(e["op"].startswith("Picasso") for e in breakdown["picasso"]["by_type"])
+    assert packing["stages"]["unique_rows"] > 0 and packing["stages"]["stages"]
+
+
+def test_every_section_has_rows_or_says_why(tiny_run):
+    results, _ = tiny_run
+    s = results["sections"]
+    assert s["zoo"]["rows"] and all("variants" in r or "error" in r for r in s["zoo"]["rows"])
+    auc = s["auc"]["rows"][0]
+    assert "error" not in auc, auc.get("error")
+    assert 0.0 <= auc["baseline_auc"] <= 1.0 and 0.0 <= auc["picasso_auc"] <= 1.0
+    ablation = s["ablation"]["rows"][0]
+    assert {"baseline", "picasso", "packing=False", "interleaving=False"} <= set(ablation["variants"])
+    assert ablation["hybrid_hash=True_error"].startswith("not built")
+    ops = s["ops"]["rows"][0]
+    assert ops["step_ops_baseline"] > 0 and ops["step_ops_picasso"] > 0 and ops["packed_groups"] >= 1
+    scaling = s["scaling"]["rows"]
+    assert [r["multiplier"] for r in scaling] == [1, 2]
+    assert scaling[0]["picasso"]["increment"] == pytest.approx(0.0)
+    assert all(r["status"].startswith("not built") for r in s["hotstorage"]["rows"])
+
+
+def test_report_has_every_table_well_formed(tiny_run):
+    results, docs = tiny_run
+    text = (docs / "benchmarks.md").read_text()
+    assert text.startswith("# Benchmarks")
+    assert results["command"] in text and results["machine"]["cpu_model"] in text
+    for heading in SECTION_HEADINGS.values():
+        assert heading in text
+    tables = _tables(text)
+    assert len(tables) >= len(SECTION_HEADINGS)
+    for table in tables:
+        assert len(table) >= 3, table                       # header, rule, at least one row
+        assert all(set(c) <= set("-") for c in table[1])    # the rule row
+        assert {len(r) for r in table} == {len(table[0])}, table   # same width everywhere
+    for png in ("bench_packing.png", "bench_zoo.png", "bench_scaling.png", "bench_breakdown.png"):
+        path = docs / png
+        assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({png})" in text
+
+
+def test_report_regenerates_from_json(tiny_run, tmp_path):
+    results, _ = tiny_run
+    source = tmp_path / "r.json"
+    source.write_text(json.dumps(results))
+    assert bench.main(["--report", str(source), "--docs", str(tmp_path / "d")]) == 0
+    regenerated = (tmp_path / "d" / "benchmarks.md").read_text()
+    assert regenerated == bench_report.markdown(results, str(source), charts=[
+        p for p in bench_report.CHARTS if os.path.exists(tmp_path / "d" / p)])
+
+
+def test_bad_arguments_exit_2(capsys):
+    assert bench.main(["--tiny", "--tables", "nonsense"]) == 2
+    assert "unknown section" in capsys.readouterr().err
+    assert bench.main(["--report", "/nonexistent/results.json"]) == 2
