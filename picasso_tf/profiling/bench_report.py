@@ -187,7 +187,8 @@ def _packing(section, has_chart, charts=()):
         lines += ["![packing throughput](bench_packing.png)", ""]
     bd = section.get("breakdown")
     if bd:
-        lines += _breakdown(bd, "bench_breakdown.png" in charts)
+        timed = next((r for r in section.get("rows", []) if r.get("name") == "wide_lr" and "variants" in r), None)
+        lines += _breakdown(bd, "bench_breakdown.png" in charts, timed)
     if section.get("stages"):
         lines += _stages(section["stages"], bd)
     return lines
@@ -211,11 +212,12 @@ def _stages(st, bd):
     return lines
 
 
-def _breakdown(bd, has_chart):
+def _breakdown(bd, has_chart, timed=None):
     lines = [f"### Where the time goes: `wide_lr`, {bd.get('fields')} fields, batch {bd.get('batch_size')}", "",
              "Per-op kernel time of one training step (`fit`), from a TensorFlow profiler trace "
              "(`picasso_tf/profiling/bench_breakdown.py`). Kernels on the two inter-op threads may "
-             "overlap, so the op times can sum to more than the wall time.", ""]
+             "overlap, so the op times can sum to more than the wall time; tracing itself slows the step "
+             "(compare the untraced wall time).", ""]
     variants = [k for k in ("baseline", "picasso", "bound") if k in bd]
     ops = []
     for k in variants:
@@ -224,8 +226,11 @@ def _breakdown(bd, has_chart):
                 ops.append(entry["op"])
     ms = {k: {e["op"]: e for e in bd[k]["by_type"]} for k in variants}
     ops.sort(key=lambda op: -max(ms[k].get(op, {}).get("ms_per_step", 0) for k in variants))
-    rows = [["**wall time per step**"] + [f"**{bd[k]['wall_ms_per_step']:.1f}**" for k in variants],
-            ["sum of op times"] + [f"{bd[k]['op_ms_per_step']:.1f}" for k in variants]]
+    rows = [["**wall time per step** (traced)"] + [f"**{bd[k]['wall_ms_per_step']:.1f}**" for k in variants]]
+    if timed:
+        rows.append(["wall time per step untraced (timed rounds above)"]
+                    + [f"{timed['variants'][k]['step_ms']:.1f}" if k in timed["variants"] else "–" for k in variants])
+    rows.append(["sum of op times"] + [f"{bd[k]['op_ms_per_step']:.1f}" for k in variants])
     for op in ops[:14]:
         cells = []
         for k in variants:
@@ -438,7 +443,8 @@ def _charts(results, docs_dir):
                    color=color, capsize=3)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names)
-        ax.set_ylabel("samples/s")
+        ax.set_yscale("log")
+        ax.set_ylabel("samples/s (log scale)")
         ax.set_title(f"Packing benchmark, batch {sections['packing'].get('batch_size')}")
         ax.legend()
         fig.tight_layout()
@@ -452,9 +458,9 @@ def _charts(results, docs_dir):
         for k in variants:
             for e in bd[k]["by_type"]:
                 totals[e["op"]] = totals.get(e["op"], 0) + e["ms_per_step"]
-        top = sorted(totals, key=lambda op: -totals[op])[:9]
-        fig, ax = plt.subplots(figsize=(8, 4))
-        cmap = plt.get_cmap("tab10")
+        top = sorted(totals, key=lambda op: -totals[op])[:12]
+        fig, ax = plt.subplots(figsize=(10, 4))
+        cmap = plt.get_cmap("tab20")
         bottoms = [0.0] * len(variants)
         for i, op in enumerate(top + ["other"]):
             vals = []
@@ -462,13 +468,13 @@ def _charts(results, docs_dir):
                 by = {e["op"]: e["ms_per_step"] for e in bd[k]["by_type"]}
                 vals.append(by.get(op, 0.0) if op != "other" else
                             bd[k]["op_ms_per_step"] - sum(by.get(t, 0.0) for t in top))
-            ax.barh(variants, vals, left=bottoms, color=cmap(i % 10), label=op)
+            ax.barh(variants, vals, left=bottoms, color=cmap(i % 20), label=op.lstrip("_"))   # "_x": no legend
             bottoms = [b + v for b, v in zip(bottoms, vals)]
         ax.scatter([bd[k]["wall_ms_per_step"] for k in variants], variants, marker="|", s=400, color="black",
-                   label="wall time")
+                   label="wall time (traced)")
         ax.set_xlabel("ms per step (kernel time, summed over threads)")
         ax.set_title(f"wide_lr, {bd.get('fields')} fields, batch {bd.get('batch_size')}: where a step's time goes")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         fig.savefig(os.path.join(docs_dir, "bench_breakdown.png"), dpi=110)
         plt.close(fig)
