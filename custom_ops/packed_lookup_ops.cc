@@ -14,6 +14,12 @@
 //   PicassoPackedLookupGrad  the table gradient of PicassoPackedLookup, row-sparse:
 //                            ascending unique rows and one summed gradient row each,
 //                            bit-identical whatever the number of threads.
+//   PicassoStitchedLookup    the lookups of several packed tables written straight
+//                            into the columns of one [rows, width] tensor: the
+//                            model's concatenation of their outputs, without the copy
+//                            (and without the split of its gradient).
+//   PicassoStitchedLookupGrad  one table's gradient, reading its sites' columns of the
+//                            stitched gradient in place.
 //
 // Work is cut into items of similar cost that the intra-op threads claim one at a
 // time (picasso_common.h). Ids are checked inside the hot loops; when one is bad, a
@@ -72,6 +78,8 @@ constexpr int64_t PrefetchDistance(int64_t row_bytes) {
 constexpr char kUniqueOp[] = "PicassoPackedUnique";
 constexpr char kLookupOp[] = "PicassoPackedLookup";
 constexpr char kGradOp[] = "PicassoPackedLookupGrad";
+constexpr char kStitchedOp[] = "PicassoStitchedLookup";
+constexpr char kStitchedGradOp[] = "PicassoStitchedLookupGrad";
 
 enum class Combiner { kNone, kSum, kMean, kSqrtN };
 constexpr const char* kCombinerNames[] = {"none", "sum", "mean", "sqrtn"};
@@ -168,6 +176,22 @@ struct Site : SiteIds<Tid> {
   const T* weights = nullptr;  // null: every weight is 1
 
   int64_t out_rows() const { return pooled ? num_segments : this->n; }
+};
+
+// Where row j of a site's output (or of its gradient) lies: in the site's own [n, D]
+// tensor (per_row 1, stride D), or in a stitched [rows, W] tensor where each row
+// holds per_row consecutive rows of the site side by side, from column base onwards.
+template <typename P>
+struct RowPlace {
+  P* base = nullptr;
+  int64_t per_row = 1;
+  int64_t stride = 0;  // W (stitched) or D
+  int64_t width = 0;   // D
+
+  P* operator()(int64_t j) const {
+    if (per_row == 1) return base + j * stride;
+    return base + (j / per_row) * stride + (j % per_row) * width;
+  }
 };
 
 // The error for the first id, in site and then position order, outside its range.
@@ -321,10 +345,14 @@ void SplitWork(int unit, int64_t count, int64_t target, const CumFn& cum,
   }
 }
 
-// Item size for `total_rows` rows of `row_bytes` bytes spread over the threads.
+// Item size in bytes for `total_bytes` bytes of rows spread over the threads.
+int64_t TargetItemBytes(OpKernelContext* ctx, int64_t total_bytes) {
+  return std::max<int64_t>(kMinItemBytes, total_bytes / (NumThreads(ctx) * kItemsPerThread));
+}
+
+// Item size in rows for `total_rows` rows of `row_bytes` bytes.
 int64_t TargetItemRows(OpKernelContext* ctx, int64_t total_rows, int64_t row_bytes) {
-  return std::max<int64_t>({1, kMinItemBytes / row_bytes,
-                            total_rows / (NumThreads(ctx) * kItemsPerThread)});
+  return std::max<int64_t>(1, TargetItemBytes(ctx, total_rows * row_bytes) / row_bytes);
 }
 
 // ---------------------------------------------------------------------------------
@@ -654,12 +682,12 @@ const void* RowAddress(const T* base, Tid id, int64_t d) {
                                        static_cast<int64_t>(id) * d * sizeof(T));
 }
 
-// out[j] = w_j * table[offset + ids[j]] for j in [begin, end); false on a bad id.
+// out(j) = w_j * table[offset + ids[j]] for j in [begin, end); false on a bad id.
 // (The site is passed by value, here and below: stores to rows cannot alias a local,
 // so its fields stay in registers.)
 template <int64_t kD, typename T, typename Tid>
 bool GatherRows(const Site<T, Tid> s, const T* table, int64_t d, int64_t begin,
-                int64_t end, T* out) {
+                int64_t end, const RowPlace<T> out) {
   const int64_t width = kD ? kD : d;
   const T* base = table + s.offset * width;
   const int64_t row_bytes = width * sizeof(T);
@@ -672,9 +700,9 @@ bool GatherRows(const Site<T, Tid> s, const T* table, int64_t d, int64_t begin,
     if (!s.Valid(id)) return false;
     const T* src = base + static_cast<int64_t>(id) * width;
     if (s.weights) {
-      ScaleRow<kD>(out + j * width, src, s.weights[j], d);
+      ScaleRow<kD>(out(j), src, s.weights[j], d);
     } else {
-      CopyRow<kD>(out + j * width, src, d);
+      CopyRow<kD>(out(j), src, d);
     }
   }
   return true;
@@ -683,7 +711,7 @@ bool GatherRows(const Site<T, Tid> s, const T* table, int64_t d, int64_t begin,
 // Writes the pooled output rows of segments [begin, end); false on a bad id.
 template <int64_t kD, typename T, typename Tid>
 bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table,
-                  int64_t d, int64_t begin, int64_t end, T* out) {
+                  int64_t d, int64_t begin, int64_t end, const RowPlace<T> out) {
   const int64_t width = kD ? kD : d;
   const T* base = table + s.offset * width;
   const int64_t row_bytes = width * sizeof(T);
@@ -691,7 +719,7 @@ bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table
   const int64_t p_end = index.start[end];
   auto entry = [&index](int64_t p) -> int64_t { return index.perm ? index.perm[p] : p; };
   for (int64_t seg = begin; seg < end; ++seg) {
-    T* dst = out + seg * width;
+    T* dst = out(seg);
     const int64_t first = index.start[seg], last = index.start[seg + 1];
     if (first == last) {
       std::fill(dst, dst + width, T(0));
@@ -726,6 +754,83 @@ bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table
   return true;
 }
 
+// Looks up every site: site i reads rows of width dims[i] from tables[i] and writes
+// its output rows to places[i].
+template <typename T, typename Tid>
+Status RunLookup(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
+                 const std::vector<Site<T, Tid>>& sites, const std::vector<const T*>& tables,
+                 const std::vector<int64_t>& dims, const std::vector<RowPlace<T>>& places) {
+  const int num_sites = layout.size();
+  // Segment indexes of the pooled sites, in two shared buffers.
+  std::vector<int> pooled_sites;
+  int64_t starts_size = 0, perms_size = 0;
+  for (int i = 0; i < num_sites; ++i) {
+    if (!sites[i].pooled) continue;
+    pooled_sites.push_back(i);
+    starts_size += sites[i].num_segments + 1;
+    perms_size += sites[i].n;
+  }
+  std::unique_ptr<int64_t[]> starts(new int64_t[starts_size]);
+  std::unique_ptr<int32_t[]> perms(new int32_t[perms_size]);
+  std::vector<int64_t*> site_start(num_sites);
+  std::vector<int32_t*> site_perm(num_sites);
+  int64_t* next_start = starts.get();
+  int32_t* next_perm = perms.get();
+  for (int i : pooled_sites) {
+    site_start[i] = next_start;
+    site_perm[i] = next_perm;
+    next_start += sites[i].num_segments + 1;
+    next_perm += sites[i].n;
+  }
+  std::vector<SegmentIndex> index(num_sites);
+  std::atomic<bool> bad_segment(false);
+  RunWorkItems(ctx, pooled_sites.size(), starts_size + perms_size >= kMinParallelEntries,
+               [&](int64_t k) {
+                 const int i = pooled_sites[k];
+                 if (!IndexSegments(sites[i], site_start[i], site_perm[i], &index[i])) {
+                   bad_segment.store(true);
+                 }
+               });
+  if (bad_segment.load()) return FirstBadSegment(op, layout, sites);
+
+  // Items: ranges of ids (unpooled sites) or of segments (pooled sites, costed by
+  // their ids plus their output rows), of similar cost in bytes.
+  std::vector<int64_t> row_bytes(num_sites);
+  int64_t total_bytes = 0;
+  for (int i = 0; i < num_sites; ++i) {
+    const auto& s = sites[i];
+    row_bytes[i] = std::max<int64_t>(1, dims[i] * sizeof(T));
+    total_bytes += (s.n + (s.pooled ? s.num_segments : 0)) * row_bytes[i];
+  }
+  const int64_t target_bytes = TargetItemBytes(ctx, total_bytes);
+  std::vector<WorkItem> items;
+  for (int i = 0; i < num_sites; ++i) {
+    const int64_t target = std::max<int64_t>(1, target_bytes / row_bytes[i]);
+    if (sites[i].pooled) {
+      const int64_t* start = index[i].start;
+      SplitWork(i, sites[i].num_segments, target,
+                [start](int64_t s) { return start[s] + s; }, &items);
+    } else {
+      SplitWork(i, sites[i].n, target, [](int64_t j) { return j; }, &items);
+    }
+  }
+  std::atomic<bool> bad_id(false);
+  RunWorkItems(ctx, items.size(), total_bytes >= kMinParallelBytes, [&](int64_t k) {
+    const WorkItem& item = items[k];
+    const int i = item.unit;
+    const Site<T, Tid>& s = sites[i];
+    const bool ok = DispatchDim(dims[i], [&](auto dim) {
+      constexpr int64_t kD = decltype(dim)::value;
+      return s.pooled ? PoolSegments<kD>(s, index[i], tables[i], dims[i], item.begin,
+                                         item.end, places[i])
+                      : GatherRows<kD>(s, tables[i], dims[i], item.begin, item.end, places[i]);
+    });
+    if (!ok) bad_id.store(true);
+  });
+  if (bad_id.load()) return FirstBadId(op, layout, sites);
+  return OkStatus();
+}
+
 template <typename T, typename Tid>
 class PackedLookupOp : public OpKernel {
  public:
@@ -748,81 +853,174 @@ class PackedLookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->output_list("outputs", &outputs));
     OpInputList ids;
     OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
-    std::vector<T*> out(num_sites);
+    std::vector<RowPlace<T>> places(num_sites);
     for (int i = 0; i < num_sites; ++i) {
       Tensor* t;
       OP_REQUIRES_OK(ctx, outputs.allocate(i, OutputShape(sites[i], ids[i], d), &t));
-      out[i] = t->flat<T>().data();
+      places[i] = {t->flat<T>().data(), 1, d, d};
     }
-
-    // Segment indexes of the pooled sites, in two shared buffers.
-    std::vector<int> pooled_sites;
-    int64_t starts_size = 0, perms_size = 0;
-    for (int i = 0; i < num_sites; ++i) {
-      if (!sites[i].pooled) continue;
-      pooled_sites.push_back(i);
-      starts_size += sites[i].num_segments + 1;
-      perms_size += sites[i].n;
-    }
-    std::unique_ptr<int64_t[]> starts(new int64_t[starts_size]);
-    std::unique_ptr<int32_t[]> perms(new int32_t[perms_size]);
-    std::vector<int64_t*> site_start(num_sites);
-    std::vector<int32_t*> site_perm(num_sites);
-    int64_t* next_start = starts.get();
-    int32_t* next_perm = perms.get();
-    for (int i : pooled_sites) {
-      site_start[i] = next_start;
-      site_perm[i] = next_perm;
-      next_start += sites[i].num_segments + 1;
-      next_perm += sites[i].n;
-    }
-    std::vector<SegmentIndex> index(num_sites);
-    std::atomic<bool> bad_segment(false);
-    RunWorkItems(ctx, pooled_sites.size(), starts_size + perms_size >= kMinParallelEntries,
-                 [&](int64_t k) {
-                   const int i = pooled_sites[k];
-                   if (!IndexSegments(sites[i], site_start[i], site_perm[i], &index[i])) {
-                     bad_segment.store(true);
-                   }
-                 });
-    OP_REQUIRES(ctx, !bad_segment.load(), FirstBadSegment(kLookupOp, layout_, sites));
-
-    // Items: ranges of ids (unpooled sites) or of segments (pooled sites, costed by
-    // their ids plus their output rows), of similar cost.
-    const int64_t row_bytes = std::max<int64_t>(1, d * sizeof(T));
-    int64_t total_rows = 0;
-    for (const auto& s : sites) total_rows += s.n + (s.pooled ? s.num_segments : 0);
-    const int64_t target = TargetItemRows(ctx, total_rows, row_bytes);
-    std::vector<WorkItem> items;
-    for (int i = 0; i < num_sites; ++i) {
-      if (sites[i].pooled) {
-        const int64_t* start = index[i].start;
-        SplitWork(i, sites[i].num_segments, target,
-                  [start](int64_t s) { return start[s] + s; }, &items);
-      } else {
-        SplitWork(i, sites[i].n, target, [](int64_t j) { return j; }, &items);
-      }
-    }
-    std::atomic<bool> bad_id(false);
-    RunWorkItems(ctx, items.size(), total_rows * row_bytes >= kMinParallelBytes,
-                 [&](int64_t k) {
-                   const WorkItem& item = items[k];
-                   const Site<T, Tid>& s = sites[item.unit];
-                   const T* t = table.flat<T>().data();
-                   const bool ok = DispatchDim(d, [&](auto dim) {
-                     constexpr int64_t kD = decltype(dim)::value;
-                     return s.pooled ? PoolSegments<kD>(s, index[item.unit], t, d, item.begin,
-                                                        item.end, out[item.unit])
-                                     : GatherRows<kD>(s, t, d, item.begin, item.end,
-                                                      out[item.unit]);
-                   });
-                   if (!ok) bad_id.store(true);
-                 });
-    OP_REQUIRES(ctx, !bad_id.load(), FirstBadId(kLookupOp, layout_, sites));
+    OP_REQUIRES_OK(ctx, RunLookup(ctx, kLookupOp, layout_, sites,
+                                  std::vector<const T*>(num_sites, table.flat<T>().data()),
+                                  std::vector<int64_t>(num_sites, d), places));
   }
 
  private:
   PackedLayout layout_;
+};
+
+// ---------------------------------------------------------------------------------
+// PicassoStitchedLookup
+
+// Where the sites of a stitched op lie in its [rows, width] output (or gradient):
+// site i fills columns [columns[i], columns[i] + row_blocks[i] * D_i), with
+// row_blocks[i] consecutive rows of its own output in each row.
+struct StitchLayout {
+  std::vector<int64_t> columns;
+  std::vector<int64_t> row_blocks;
+
+  Status Init(OpKernelConstruction* c, int num_sites) {
+    TF_RETURN_IF_ERROR(c->GetAttr("columns", &columns));
+    TF_RETURN_IF_ERROR(c->GetAttr("row_blocks", &row_blocks));
+    if (columns.size() != num_sites || row_blocks.size() != num_sites) {
+      return errors::InvalidArgument(c->def().op(), ": columns and row_blocks need one entry ",
+                                     "per site (", num_sites, "); got ", columns.size(),
+                                     " and ", row_blocks.size());
+    }
+    for (int i = 0; i < num_sites; ++i) {
+      if (columns[i] < 0 || row_blocks[i] < 1) {
+        return errors::InvalidArgument(c->def().op(), ": site ", i, " needs column >= 0 and ",
+                                       "row_blocks >= 1; got ", columns[i], " and ",
+                                       row_blocks[i]);
+      }
+    }
+    return OkStatus();
+  }
+
+  // The place of site i (output rows of width d) in a [rows, width] tensor at base,
+  // after checking that it fits.
+  template <typename P, typename T, typename Tid>
+  Status Place(const char* op, const PackedLayout& layout, int i, const Site<T, Tid>& s,
+               int64_t rows, int64_t width, int64_t d, P* base, RowPlace<P>* place) const {
+    if (s.out_rows() != rows * row_blocks[i] || columns[i] + row_blocks[i] * d > width) {
+      return errors::InvalidArgument(
+          op, ": ", layout.Feature(i), " has ", s.out_rows(), " output rows of width ", d,
+          ", which do not fill ", row_blocks[i], " row(s) per row of the stitched [", rows,
+          ", ", width, "] tensor from column ", columns[i]);
+    }
+    *place = {base + columns[i], row_blocks[i], width, d};
+    return OkStatus();
+  }
+};
+
+// Looks up sites of several packed tables (site i reads tables[table_index[i]]) and
+// writes them, together with dense inputs copied to their columns, into one [rows,
+// width] output: a concatenation of the sites' outputs built without the copy.
+template <typename T, typename Tid>
+class StitchedLookupOp : public OpKernel {
+ public:
+  explicit StitchedLookupOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/true));
+    OP_REQUIRES_OK(c, stitch_.Init(c, layout_.size()));
+    OP_REQUIRES_OK(c, c->GetAttr("width", &width_));
+    OP_REQUIRES_OK(c, c->GetAttr("table_index", &table_index_));
+    OP_REQUIRES_OK(c, c->GetAttr("dense_columns", &dense_columns_));
+    int num_tables, num_dense;
+    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables));
+    OP_REQUIRES_OK(c, c->GetAttr("M", &num_dense));
+    OP_REQUIRES(c, table_index_.size() == layout_.size() && dense_columns_.size() == num_dense,
+                errors::InvalidArgument(kStitchedOp, ": table_index needs one entry per site ",
+                                        "and dense_columns one per dense input"));
+    for (int64_t t : table_index_) {
+      OP_REQUIRES(c, t >= 0 && t < num_tables,
+                  errors::InvalidArgument(kStitchedOp, ": table_index ", t, " outside [0, ",
+                                          num_tables, ")"));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList tables, dense;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    OP_REQUIRES_OK(ctx, ctx->input_list("dense", &dense));
+    std::vector<Site<T, Tid>> sites;
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kStitchedOp, layout_, &sites));
+    const int num_sites = layout_.size();
+    std::vector<const T*> site_tables(num_sites);
+    std::vector<int64_t> dims(num_sites);
+    for (int i = 0; i < num_sites; ++i) {
+      const Tensor& table = tables[table_index_[i]];
+      OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(table.shape()),
+                  errors::InvalidArgument(kStitchedOp, ": tables must be matrices; got ",
+                                          table.shape().DebugString()));
+      OP_REQUIRES(ctx, layout_.end_row(i) <= table.dim_size(0),
+                  errors::InvalidArgument(kStitchedOp, ": ", layout_.Feature(i),
+                                          " occupies rows [", layout_.offsets[i], ", ",
+                                          layout_.end_row(i), ") of packed table ",
+                                          table_index_[i], ", which has ", table.dim_size(0),
+                                          " rows"));
+      site_tables[i] = table.flat<T>().data();
+      dims[i] = table.dim_size(1);
+    }
+    const int64_t rows = sites[0].out_rows() / stitch_.row_blocks[0];
+    // Every column is written exactly once (else the output would hold garbage).
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (int i = 0; i < num_sites; ++i) {
+      spans.push_back({stitch_.columns[i], stitch_.row_blocks[i] * dims[i]});
+    }
+    std::vector<int64_t> dense_width(dense.size());
+    for (int m = 0; m < dense.size(); ++m) {
+      OP_REQUIRES(ctx, rows > 0 ? dense[m].NumElements() % rows == 0 : dense[m].NumElements() == 0,
+                  errors::InvalidArgument(kStitchedOp, ": dense input ", m, " has ",
+                                          dense[m].NumElements(), " values, not a multiple of ",
+                                          "the ", rows, " rows of the output"));
+      dense_width[m] = rows > 0 ? dense[m].NumElements() / rows : 0;
+      spans.push_back({dense_columns_[m], dense_width[m]});
+    }
+    std::sort(spans.begin(), spans.end());
+    int64_t covered = 0;
+    for (const auto& [column, span] : spans) {
+      OP_REQUIRES(ctx, column == covered || rows == 0,
+                  errors::InvalidArgument(kStitchedOp, ": the inputs must fill columns [0, ",
+                                          width_, ") exactly once; column ", covered,
+                                          " is followed by one at ", column));
+      covered += span;
+    }
+    OP_REQUIRES(ctx, covered == width_ || rows == 0,
+                errors::InvalidArgument(kStitchedOp, ": the inputs fill ", covered,
+                                        " columns, not width ", width_));
+    Tensor* output;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, width_}), &output));
+    T* out = output->flat<T>().data();
+    std::vector<RowPlace<T>> places(num_sites);
+    for (int i = 0; i < num_sites; ++i) {
+      OP_REQUIRES_OK(ctx, stitch_.Place(kStitchedOp, layout_, i, sites[i], rows, width_, dims[i],
+                                        out, &places[i]));
+    }
+    OP_REQUIRES_OK(ctx, RunLookup(ctx, kStitchedOp, layout_, sites, site_tables, dims, places));
+    // Dense inputs: row r of input m to row r, columns from dense_columns[m].
+    int64_t dense_bytes = 0;
+    for (int64_t w : dense_width) dense_bytes += rows * w * sizeof(T);
+    std::vector<WorkItem> items;
+    for (int m = 0; m < dense.size(); ++m) {
+      const int64_t row_bytes = std::max<int64_t>(1, dense_width[m] * sizeof(T));
+      SplitWork(m, rows, std::max<int64_t>(1, TargetItemBytes(ctx, dense_bytes) / row_bytes),
+                [](int64_t r) { return r; }, &items);
+    }
+    RunWorkItems(ctx, items.size(), dense_bytes >= kMinParallelBytes, [&](int64_t k) {
+      const WorkItem& item = items[k];
+      const int64_t w = dense_width[item.unit];
+      const T* src = dense[item.unit].flat<T>().data();
+      for (int64_t r = item.begin; r < item.end; ++r) {
+        std::memcpy(out + r * width_ + dense_columns_[item.unit], src + r * w, w * sizeof(T));
+      }
+    });
+  }
+
+ private:
+  PackedLayout layout_;
+  StitchLayout stitch_;
+  int64_t width_;
+  std::vector<int64_t> table_index_;
+  std::vector<int64_t> dense_columns_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -854,7 +1052,8 @@ bool SegmentScales(const Site<T, Tid>& s, T* scale) {
 // sum has the same order whatever the item split or thread count.
 template <int64_t kD, typename T, typename Tid>
 void SumContributions(const std::vector<Site<T, Tid>>& sites,
-                      const std::vector<const T*>& grads, const std::vector<const T*>& scales,
+                      const std::vector<RowPlace<const T>>& grads,
+                      const std::vector<const T*>& scales,
                       const RowClusters::Cluster& c, int64_t u0, int64_t u1, int64_t d,
                       T* row_grads) {
   const int64_t width = kD ? kD : d;
@@ -867,52 +1066,74 @@ void SumContributions(const std::vector<Site<T, Tid>>& sites,
     const Site<T, Tid> s = sites[i];  // a local copy: see GatherRows
     const uint32_t* inverse = c.inverse.get() + c.site_begin[k];
     const T* scale = scales[i];
-    const T* grad = grads[i];
+    const RowPlace<const T> grad = grads[i];
     for (int64_t j = 0; j < s.n; ++j) {
       const int64_t u = inverse[j];
       if (!all_rows && (u < u0 || u >= u1)) continue;
+      // Entry j reads gradient row j (combiner "none") or that of its segment.
       if (j + ahead < s.n) {
         PrefetchBytes(out + inverse[j + ahead] * width, width * sizeof(T));
+        PrefetchBytes(grad(s.pooled ? s.segments[j + ahead] : j + ahead), width * sizeof(T));
       }
-      // Entry j reads gradient row j (combiner "none") or that of its segment.
       const int64_t src = s.pooled ? s.segments[j] : j;
       T w = s.weights ? s.weights[j] : T(1);
       if (scale) w *= scale[src];
-      AxpyRow<kD>(out + u * width, grad + src * width, w, d);
+      AxpyRow<kD>(out + u * width, grad(src), w, d);
     }
   }
 }
 
-template <typename T, typename Tid>
+// The table gradient of PicassoPackedLookup (kStitched false: one gradient tensor per
+// site) or of one table's sites of PicassoStitchedLookup (kStitched true: the sites'
+// gradients are columns of the stitched output's gradient).
+template <typename T, typename Tid, bool kStitched>
 class PackedLookupGradOp : public OpKernel {
  public:
   explicit PackedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/true));
     int64_t num_rows;
     OP_REQUIRES_OK(c, c->GetAttr("num_rows", &num_rows));
-    OP_REQUIRES_OK(c, layout_.CheckRows(kGradOp, num_rows));
+    OP_REQUIRES_OK(c, layout_.CheckRows(kOpName, num_rows));
+    if (kStitched) {
+      OP_REQUIRES_OK(c, stitch_.Init(c, layout_.size()));
+      OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<Site<T, Tid>> sites;
-    OP_REQUIRES_OK(ctx, ReadSites(ctx, kGradOp, layout_, &sites));
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kOpName, layout_, &sites));
     const int num_sites = layout_.size();
-    OpInputList grad_list, ids;
-    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grad_list));
-    OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
-    OP_REQUIRES(ctx, grad_list[0].dims() >= 2,
-                errors::InvalidArgument(kGradOp, ": grads must have rank >= 2 [..., dim]; got ",
-                                        grad_list[0].shape().DebugString()));
-    const int64_t d = grad_list[0].dim_size(grad_list[0].dims() - 1);
-    std::vector<const T*> grads(num_sites);
-    for (int i = 0; i < num_sites; ++i) {
-      const TensorShape expected = OutputShape(sites[i], ids[i], d);
-      OP_REQUIRES(ctx, grad_list[i].shape() == expected,
-                  errors::InvalidArgument(kGradOp, ": the gradient of ", layout_.Feature(i),
-                                          " must have its lookup output's shape ",
-                                          expected.DebugString(), "; got ",
-                                          grad_list[i].shape().DebugString()));
-      grads[i] = grad_list[i].flat<T>().data();
+    std::vector<RowPlace<const T>> grads(num_sites);
+    int64_t d;
+    if (kStitched) {
+      d = dim_;
+      const Tensor& grad = ctx->input(0);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(grad.shape()),
+                  errors::InvalidArgument(kOpName, ": grad must be a matrix [rows, width]; got ",
+                                          grad.shape().DebugString()));
+      for (int i = 0; i < num_sites; ++i) {
+        OP_REQUIRES_OK(ctx, stitch_.Place(kOpName, layout_, i, sites[i], grad.dim_size(0),
+                                          grad.dim_size(1), d, grad.flat<T>().data(),
+                                          &grads[i]));
+      }
+    } else {
+      OpInputList grad_list, ids;
+      OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grad_list));
+      OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
+      OP_REQUIRES(ctx, grad_list[0].dims() >= 2,
+                  errors::InvalidArgument(kOpName, ": grads must have rank >= 2 [..., dim]; got ",
+                                          grad_list[0].shape().DebugString()));
+      d = grad_list[0].dim_size(grad_list[0].dims() - 1);
+      for (int i = 0; i < num_sites; ++i) {
+        const TensorShape expected = OutputShape(sites[i], ids[i], d);
+        OP_REQUIRES(ctx, grad_list[i].shape() == expected,
+                    errors::InvalidArgument(kOpName, ": the gradient of ", layout_.Feature(i),
+                                            " must have its lookup output's shape ",
+                                            expected.DebugString(), "; got ",
+                                            grad_list[i].shape().DebugString()));
+        grads[i] = {grad_list[i].flat<T>().data(), 1, d, d};
+      }
     }
 
     // Check the segment ids, and compute the per-segment scales of mean and sqrtn sites.
@@ -939,10 +1160,10 @@ class PackedLookupGradOp : public OpKernel {
                    const int i = pooled_sites[k];
                    if (!SegmentScales(sites[i], site_scale[i])) bad_segment.store(true);
                  });
-    OP_REQUIRES(ctx, !bad_segment.load(), FirstBadSegment(kGradOp, layout_, sites));
+    OP_REQUIRES(ctx, !bad_segment.load(), FirstBadSegment(kOpName, layout_, sites));
 
     RowClusters groups;
-    OP_REQUIRES_OK(ctx, GroupByRow(ctx, kGradOp, layout_, sites, &groups));
+    OP_REQUIRES_OK(ctx, GroupByRow(ctx, kOpName, layout_, sites, &groups));
     Tensor *unique_rows, *row_grads;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("unique_rows", TensorShape({groups.num_unique}),
                                              &unique_rows));
@@ -989,7 +1210,10 @@ class PackedLookupGradOp : public OpKernel {
   }
 
  private:
+  static constexpr const char* kOpName = kStitched ? kStitchedGradOp : kGradOp;
   PackedLayout layout_;
+  StitchLayout stitch_;
+  int64_t dim_ = 0;
 };
 
 // ---------------------------------------------------------------------------------
@@ -1028,6 +1252,23 @@ Status PackedLookupShape(InferenceContext* c) {
     TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(1 + 3 * n + i, &rows));
     c->set_output(i, c->Matrix(rows, c->Dim(table, 1)));
   }
+  return OkStatus();
+}
+
+Status StitchedLookupShape(InferenceContext* c) {
+  int64_t width;
+  TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+  c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, width));
+  return OkStatus();
+}
+
+Status StitchedLookupGradShape(InferenceContext* c) {
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  ShapeHandle grad;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+  c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+  c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, dim));
   return OkStatus();
 }
 
@@ -1109,6 +1350,63 @@ unique_rows: the packed rows that received a gradient, ascending.
 row_grads: [U, D], the summed gradient of each of those rows.
 )doc");
 
+REGISTER_OP("PicassoStitchedLookup")
+    .Input("tables: G * T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("dense: M * T")
+    .Output("output: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("M: int >= 0")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("dense_columns: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(StitchedLookupShape)
+    .Doc(R"doc(
+Looks up sites of several packed tables straight into one [rows, width] output.
+
+Site i reads tables[table_index[i]] like PicassoPackedLookup and writes its output
+rows into columns [columns[i], columns[i] + row_blocks[i] * D), row_blocks[i] of its
+rows side by side per output row; dense input m (rows * w_m values) fills columns
+[dense_columns[m], dense_columns[m] + w_m). Together they fill every column once.
+)doc");
+
+REGISTER_OP("PicassoStitchedLookupGrad")
+    .Input("grad: T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Output("unique_rows: int64")
+    .Output("row_grads: T")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("num_rows: int >= 0")
+    .Attr("dim: int >= 1")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(StitchedLookupGradShape)
+    .Doc(R"doc(
+The gradient of one packed table [num_rows, dim] from the gradient of a
+PicassoStitchedLookup output: its sites' gradients are read by column, in place.
+)doc");
+
 #define REGISTER_PACKED_LOOKUP(T, Tid)                                                   \
   REGISTER_KERNEL_BUILDER(Name("PicassoPackedLookup")                                    \
                               .Device(DEVICE_CPU)                                        \
@@ -1119,7 +1417,17 @@ row_grads: [U, D], the summed gradient of each of those rows.
                               .Device(DEVICE_CPU)                                        \
                               .TypeConstraint<T>("T")                                    \
                               .TypeConstraint<Tid>("Tid"),                               \
-                          PackedLookupGradOp<T, Tid>);
+                          PackedLookupGradOp<T, Tid, false>);                            \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedLookup")                                  \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedLookupOp<T, Tid>);                                     \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedLookupGrad")                              \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          PackedLookupGradOp<T, Tid, true>);
 REGISTER_PACKED_LOOKUP(float, int32_t)
 REGISTER_PACKED_LOOKUP(float, int64_t)
 REGISTER_PACKED_LOOKUP(double, int32_t)

@@ -17,6 +17,9 @@ class Config:
     packing: group same-dimension embedding tables into packed tables (D-packing) and
       replace their per-feature op chains by fused kernels (K-packing). `d_packing` /
       `k_packing` switch the two halves separately (K-packing needs D-packing's groups).
+    stitching: where the model concatenates (or stacks) lookup outputs, have K-packing
+      write them straight into the concatenation's layout, so that neither the
+      concatenation nor the split of its gradient copies them.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
@@ -34,6 +37,7 @@ class Config:
     packing: bool = True
     d_packing: bool = True
     k_packing: bool = True
+    stitching: bool = True
     shard_heavy_groups: bool = True
     max_shards: int = 4
     warmup_batches: int = 8

@@ -68,15 +68,30 @@ def packed_lookup(table, ids_list, segment_ids_list=None, weights_list=None,
       feature_names: per site, for error messages.
     """
     table = tf.convert_to_tensor(table)
+    ids, segment_ids, weights, num_segments = site_inputs(
+        table.dtype, ids_list, segment_ids_list, weights_list, num_segments_list,
+        offsets=offsets, vocab_sizes=vocab_sizes, combiners=combiners,
+        feature_names=feature_names, op_name="packed_lookup")
+    return list(_ops().picasso_packed_lookup(
+        table=table, ids=ids, segment_ids=segment_ids, weights=weights,
+        num_segments=num_segments, offsets=list(offsets), vocab_sizes=list(vocab_sizes),
+        combiners=list(combiners), feature_names=list(feature_names), name=name))
+
+
+def site_inputs(dtype, ids_list, segment_ids_list, weights_list, num_segments_list, *,
+                offsets, vocab_sizes, combiners, feature_names, op_name):
+    """Checks the per-site arguments of a lookup op and returns its per-site inputs
+    ``(ids, segment_ids, weights, num_segments)``, with empty tensors (and a count of
+    0) where a site has no segment ids, no weights or no pooling."""
     n = len(ids_list)
     for arg, values in (("offsets", offsets), ("vocab_sizes", vocab_sizes),
                         ("combiners", combiners), ("feature_names", feature_names)):
         if len(values) != n:
-            raise ValueError(f"packed_lookup: {arg} needs one entry per site ({n}); "
+            raise ValueError(f"{op_name}: {arg} needs one entry per site ({n}); "
                              f"got {len(values)}")
     for combiner, feature in zip(combiners, feature_names):
         if combiner not in COMBINERS:
-            raise ValueError(f"packed_lookup: feature '{feature}' has combiner '{combiner}'; "
+            raise ValueError(f"{op_name}: feature '{feature}' has combiner '{combiner}'; "
                              f"use one of {', '.join(COMBINERS)}")
     ids = _same_id_dtype(ids_list)
     segment_ids_list = _per_site(segment_ids_list, n)
@@ -87,21 +102,17 @@ def packed_lookup(table, ids_list, segment_ids_list=None, weights_list=None,
         pooled = combiners[i] != "none"
         seg = segment_ids_list[i]
         if pooled and seg is None:
-            raise ValueError(f"packed_lookup: feature '{feature_names[i]}' has combiner "
+            raise ValueError(f"{op_name}: feature '{feature_names[i]}' has combiner "
                              f"'{combiners[i]}' but no segment ids")
         seg = tf.zeros([0], tf.int64) if seg is None else tf.cast(seg, tf.int64)
         segment_ids.append(seg)
         w = weights_list[i]
-        weights.append(tf.zeros([0], table.dtype) if w is None
-                       else tf.convert_to_tensor(w, dtype=table.dtype))
+        weights.append(tf.zeros([0], dtype) if w is None else tf.convert_to_tensor(w, dtype=dtype))
         count = num_segments_list[i]
         if count is None:
             count = tf.maximum(tf.reduce_max(seg), -1) + 1 if pooled else 0
         num_segments.append(tf.cast(count, tf.int64))
-    return list(_ops().picasso_packed_lookup(
-        table=table, ids=ids, segment_ids=segment_ids, weights=weights,
-        num_segments=num_segments, offsets=list(offsets), vocab_sizes=list(vocab_sizes),
-        combiners=list(combiners), feature_names=list(feature_names), name=name))
+    return ids, segment_ids, weights, num_segments
 
 
 def packed_lookup_grad(grads, ids_list, segment_ids_list, weights_list, num_segments_list,
@@ -118,6 +129,22 @@ def packed_lookup_grad(grads, ids_list, segment_ids_list, weights_list, num_segm
         feature_names=list(feature_names), name=name)
 
 
+def table_num_rows(table, offsets, vocab_sizes):
+    """The table's static row count; else any bound: the op only checks the layout."""
+    if table.shape[0] is not None:
+        return table.shape[0]
+    return max(o + v for o, v in zip(offsets, vocab_sizes))
+
+
+def row_sparse_gradient(table, unique_rows, row_grads):
+    """The IndexedSlices gradient of a table."""
+    # A static shape keeps the gradient from holding the table's value: a tensor still
+    # alive when the optimizer updates the table would make it copy the whole table.
+    dense_shape = (tf.constant(table.shape.as_list(), tf.int64) if table.shape.is_fully_defined()
+                   else tf.shape(table, out_type=tf.int64))
+    return tf.IndexedSlices(row_grads, unique_rows, dense_shape=dense_shape)
+
+
 def _same_id_dtype(ids_list):
     """The ids as tensors of one dtype: int64 where the sites' dtypes differ."""
     ids = [tf.convert_to_tensor(x) for x in ids_list]
@@ -130,7 +157,7 @@ def _per_site(values, n):
     return [None] * n if values is None else list(values)
 
 
-def _attrs(op):
+def lookup_attrs(op):
     return {"offsets": op.get_attr("offsets"), "vocab_sizes": op.get_attr("vocab_sizes"),
             "combiners": [c.decode() for c in op.get_attr("combiners")],
             "feature_names": [f.decode() for f in op.get_attr("feature_names")]}
@@ -147,32 +174,26 @@ def _packed_lookup_gradient(op, *grads):
     # An output's gradient may come as IndexedSlices (e.g. from a gather): [n_i, D] dense.
     grads = [tf.zeros_like(out) if g is None else tf.convert_to_tensor(g)
              for g, out in zip(grads, op.outputs)]
-    attrs = _attrs(op)
+    attrs = lookup_attrs(op)
     # Eager tapes say which inputs need no gradient; graph mode prunes unused ones.
     skip = set(getattr(op, "skip_input_indices", None) or ())
     table_grad = None
     if 0 not in skip:
-        num_rows = table.shape[0]
-        if num_rows is None:  # any bound works: the op only checks the layout against it
-            num_rows = max(o + v for o, v in zip(attrs["offsets"], attrs["vocab_sizes"]))
         unique_rows, row_grads = packed_lookup_grad(
-            grads, ids, segment_ids, weights, num_segments, num_rows=num_rows, **attrs)
-        # A static shape keeps the gradient from holding the table's value: a tensor still
-        # alive when the optimizer updates the table would make it copy the whole table.
-        dense_shape = (tf.constant(table.shape.as_list(), tf.int64) if table.shape.is_fully_defined()
-                       else tf.shape(table, out_type=tf.int64))
-        table_grad = tf.IndexedSlices(row_grads, unique_rows, dense_shape=dense_shape)
+            grads, ids, segment_ids, weights, num_segments,
+            num_rows=table_num_rows(table, attrs["offsets"], attrs["vocab_sizes"]), **attrs)
+        table_grad = row_sparse_gradient(table, unique_rows, row_grads)
     weight_grads = []
     for i in range(n):
         empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
-        weight_grads.append(None if empty or (1 + 2 * n + i) in skip else _weight_gradient(
+        weight_grads.append(None if empty or (1 + 2 * n + i) in skip else weight_gradient(
             table, grads[i], op.outputs[i], ids[i], segment_ids[i], weights[i],
             num_segments[i], attrs["offsets"][i], attrs["combiners"][i]))
     return [table_grad] + [None] * (2 * n) + weight_grads + [None] * n
 
 
-def _weight_gradient(table, grad, output, ids, segment_ids, weights, num_segments, offset,
-                     combiner):
+def weight_gradient(table, grad, output, ids, segment_ids, weights, num_segments, offset,
+                    combiner):
     """d loss / d weights of one site (stock TF ops; runs only when it is needed)."""
     rows = tf.gather(table, tf.cast(ids, tf.int64) + offset)
     if combiner == "none":

@@ -1,5 +1,7 @@
 """K-packing (paper §III-B): replace each packed group's per-feature op chains by one
-fused lookup kernel reading the group's packed table.
+fused lookup kernel reading the group's packed table. Sites whose outputs the model
+only concatenates are looked up straight into the concatenation instead, by one
+stitched kernel per concatenation reading every packed table involved (stitching.py).
 
 The new ops are built with TensorFlow's Python API in a scratch graph holding the
 original GraphDef, so that attributes and shapes come from the op definitions; the
@@ -9,11 +11,12 @@ output) and pruned of the replaced chains.
 import collections
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.ops import gen_resource_variable_ops, handle_data_util
 
 from picasso_tf.embedding.packed_table import PackedTable
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, prune, rewire, split_tensor_name
 from picasso_tf.passes.plan import PackedGroup, TableSlot
+from picasso_tf.passes.stitching import find_stitches
 
 # Ops that pass ids through unchanged in meaning, followed back to name a site's feature.
 _ID_PASSTHROUGH = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StridedSlice", "Unique",
@@ -43,18 +46,27 @@ def k_packing(state, config):
                 plan.packed_tables[group.name] = PackedTable(group)
 
     scratch = tf.Graph()
-    replacements, removed, new_captures, fused = {}, set(), {}, []
+    replacements, removed, new_captures, fused, stitched = {}, set(), {}, [], []
     with scratch.as_default():
-        tf.graph_util.import_graph_def(captured.graph_def, name="")
+        _import_with_table_shapes(captured.graph_def, analysis.tables, replacements, removed)
+        stitches = find_stitches(scratch, analysis.sites) if config.stitching else []
+        in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
+        values, slot_of = {}, {}
         for group in plan.groups:
             if group.name not in members_of:
                 continue
             members, table = members_of[group.name], plan.packed_tables[group.name]
-            outputs, handle, value = _fused_lookup(scratch, group, members, feature_names, config)
+            with tf.name_scope(f"picasso/{group.name}/"):
+                handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
+                value = values[group.name] = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
             new_captures[canonical(handle.name)] = table.variable
-            for (_, site), out in zip(members, outputs):
-                replacements[site.output] = canonical(out.name)
-                removed.update(site.chain)
+            slot_of.update({id(site): (group, slot) for slot, site in members})
+            own = [(slot, site) for slot, site in members if id(site) not in in_stitch]
+            if own:
+                outputs = _fused_lookup(scratch, group, value, own, feature_names)
+                for (_, site), out in zip(own, outputs):
+                    replacements[site.output] = canonical(out.name)
+                    removed.update(site.chain)
             for slot in group.slots:
                 for read in _dense_reads_of(analysis, slot.variable):
                     # Whole-table readers (a regularizer, say) now read the table's rows.
@@ -63,6 +75,14 @@ def k_packing(state, config):
                     replacements[read] = canonical(rows.name)
                     removed.add(split_tensor_name(read)[0])
             fused.append({"group": group.name, "sites": len(members), "tables": len(group.slots)})
+        for stitch in stitches:
+            out = _stitched_lookup(scratch, stitch, values, slot_of, feature_names)
+            replacements[stitch.output] = canonical(out.name)
+            removed.add(stitch.node)
+            for part in stitch.parts:
+                removed.update(part.chain + (part.site.chain if part.site else []))
+            stitched.append({"concat": stitch.node, "sites": len(stitch.sites), "width": stitch.width,
+                             "copied_inputs": len(stitch.parts) - len(stitch.sites)})
         graph_def = scratch.as_graph_def()
 
     graph_def = rewire(graph_def, replacements, removed)
@@ -75,7 +95,22 @@ def k_packing(state, config):
     captures = {k: v for k, v in {**captured.captures, **new_captures}.items()
                 if split_tensor_name(k)[0] in present}
     state.graph = captured.with_graph(graph_def, replacements, captures)
-    return state, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused}
+    return state, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
+                   "stitched": stitched}
+
+
+def _import_with_table_shapes(graph_def, tables, replacements, removed):
+    """Imports graph_def into the default graph with each table's placeholder fed by one
+    that carries the variable's shape and dtype, so that the imported lookups have
+    static shapes (stitching needs them). The stand-ins are mapped back on rewiring."""
+    input_map = {}
+    for placeholder, variable in tables.items():
+        typed = tf.compat.v1.placeholder(tf.resource, [], name="picasso/typed_table")
+        handle_data_util.copy_handle_data(variable.handle, typed)
+        input_map[placeholder] = typed
+        replacements[canonical(typed.name)] = placeholder
+        removed.add(typed.op.name)
+    tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="")
 
 
 def _one_site_per_table(analysis):
@@ -87,29 +122,60 @@ def _one_site_per_table(analysis):
     return firsts
 
 
-def _fused_lookup(graph, group, members, feature_names, config):
-    """Builds ReadVariableOp(packed placeholder) -> PicassoPackedLookup for one group."""
-    from picasso_tf.ops import packed_lookup as lookup_ops   # loads the op library on first use
+def _site_args(graph, members, dtype, feature_names):
+    """The per-site inputs and attributes of a lookup op over (slot, site) pairs."""
     t = graph.get_tensor_by_name
+    # One shared empty tensor stands for "no segments" / "no weights" of every site.
+    no_segments, no_weights = tf.zeros([0], tf.int64), tf.zeros([0], dtype)
+    no_count = tf.constant(0, tf.int64)
+    args = collections.defaultdict(list)
+    for slot, site in members:
+        args["ids_list"].append(t(site.ids))   # the wrappers cast mixed int32/int64 ids to int64
+        args["segment_ids_list"].append(
+            tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else no_segments)
+        args["weights_list"].append(tf.cast(t(site.weights), dtype) if site.weights else no_weights)
+        args["num_segments_list"].append(_num_segments(t, site) if site.combiner != "none" else no_count)
+        args["offsets"].append(slot.offset)
+        args["vocab_sizes"].append(slot.rows)
+        args["combiners"].append(site.combiner)
+        args["feature_names"].append(feature_names[site.output])
+    return args
+
+
+def _fused_lookup(graph, group, value, members, feature_names):
+    """PicassoPackedLookup of a group's sites on its packed table's value."""
+    from picasso_tf.ops import packed_lookup as lookup_ops   # loads the op library on first use
     with tf.name_scope(f"picasso/{group.name}/"):
-        handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
-        value = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
-        # One shared empty tensor stands for "no segments" / "no weights" of every site.
-        no_segments, no_weights = tf.zeros([0], tf.int64), tf.zeros([0], group.dtype)
-        no_count = tf.constant(0, tf.int64)
-        ids, segments, weights, counts = [], [], [], []
-        for _, site in members:
-            ids.append(t(site.ids))        # the wrapper casts mixed int32/int64 ids to int64
-            segments.append(tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else no_segments)
-            weights.append(tf.cast(t(site.weights), group.dtype) if site.weights else no_weights)
-            counts.append(_num_segments(t, site) if site.combiner != "none" else no_count)
-        outputs = lookup_ops.packed_lookup(
-            value, ids, segments, weights, counts,
-            offsets=[slot.offset for slot, _ in members],
-            vocab_sizes=[slot.rows for slot, _ in members],
-            combiners=[site.combiner for _, site in members],
-            feature_names=[feature_names[site.output] for _, site in members])
-    return outputs, handle, value
+        return lookup_ops.packed_lookup(value, **_site_args(graph, members, group.dtype, feature_names))
+
+
+def _stitched_lookup(graph, stitch, values, slot_of, feature_names):
+    """PicassoStitchedLookup replacing a concatenation, reshaped to its output shape."""
+    from picasso_tf.ops import stitched_lookup as stitch_ops
+    groups, members, table_index, columns, row_blocks, dense, dense_columns = [], [], [], [], [], [], []
+    column = 0
+    for part in stitch.parts:
+        if part.site is None:
+            dense.append(graph.get_tensor_by_name(part.tensor))
+            dense_columns.append(column)
+        else:
+            group, slot = slot_of[id(part.site)]
+            if group.name not in [g.name for g in groups]:
+                groups.append(group)
+            members.append((slot, part.site))
+            table_index.append([g.name for g in groups].index(group.name))
+            columns.append(column)
+            row_blocks.append(part.inner // part.site.dim)
+        column += part.inner
+    dtype = groups[0].dtype
+    with tf.name_scope("picasso/stitched/"):
+        out = stitch_ops.stitched_lookup(
+            [values[g.name] for g in groups], dense_list=dense, table_index=table_index,
+            columns=columns, row_blocks=row_blocks, dense_columns=dense_columns,
+            width=stitch.width, **_site_args(graph, members, dtype, feature_names))
+        if stitch.output_shape != [-1, stitch.width]:
+            out = tf.reshape(out, stitch.output_shape)
+    return out
 
 
 def _dense_reads_of(analysis, variable):

@@ -72,3 +72,4 @@ class GradientApplier:
                 optimizer.apply_gradients(rest)
             else:
                 optimizer.iterations.assign_add(1)
+
