@@ -18,8 +18,8 @@
 //                            into the columns of one [rows, width] tensor: the
 //                            model's concatenation of their outputs, without the copy
 //                            (and without the split of its gradient).
-//   PicassoStitchedLookupGrad  one table's gradient, reading its sites' columns of the
-//                            stitched gradient in place.
+//   PicassoStitchedLookupGrad  the tables' gradients, reading the sites' columns of
+//                            the stitched gradient in place.
 //
 // Work is cut into items of similar cost that the intra-op threads claim one at a
 // time (picasso_common.h). Ids are checked inside the hot loops; when one is bad, a
@@ -70,6 +70,8 @@ constexpr int64_t kItemsPerThread = 8;
 // The row loops prefetch rows about kPrefetchBytes ahead, but 8 to 32 rows (measured
 // on AMD EPYC, widths 8 to 64 floats).
 constexpr int64_t kPrefetchBytes = 2048;
+// Stitched tensors are walked in blocks of rows spanning about this many bytes.
+constexpr int64_t kBlockBytes = 256 << 10;
 
 constexpr int64_t PrefetchDistance(int64_t row_bytes) {
   return std::clamp<int64_t>(kPrefetchBytes / std::max<int64_t>(row_bytes, 1), 8, 32);
@@ -134,6 +136,18 @@ struct PackedLayout {
   }
 
   int size() const { return static_cast<int>(offsets.size()); }
+
+  // The layout of some of the sites, in the given order.
+  PackedLayout Subset(const std::vector<int>& sites) const {
+    PackedLayout sub;
+    for (int i : sites) {
+      sub.offsets.push_back(offsets[i]);
+      sub.vocab_sizes.push_back(vocab_sizes[i]);
+      sub.names.push_back(names[i]);
+      sub.combiners.push_back(combiners[i]);
+    }
+    return sub;
+  }
   int64_t end_row(int i) const { return offsets[i] + vocab_sizes[i]; }
   std::string Feature(int i) const { return strings::StrCat("feature '", names[i], "'"); }
 
@@ -350,10 +364,6 @@ int64_t TargetItemBytes(OpKernelContext* ctx, int64_t total_bytes) {
   return std::max<int64_t>(kMinItemBytes, total_bytes / (NumThreads(ctx) * kItemsPerThread));
 }
 
-// Item size in rows for `total_rows` rows of `row_bytes` bytes.
-int64_t TargetItemRows(OpKernelContext* ctx, int64_t total_rows, int64_t row_bytes) {
-  return std::max<int64_t>(1, TargetItemBytes(ctx, total_rows * row_bytes) / row_bytes);
-}
 
 // ---------------------------------------------------------------------------------
 // Grouping entries by packed row (PicassoPackedUnique and the gradient).
@@ -754,12 +764,79 @@ bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table
   return true;
 }
 
+// Rows of a stitched [rows, width] tensor that a work item covers together: enough
+// to keep the pages and cache lines it touches resident while every site visits them.
+int64_t RowsPerBlock(int64_t row_bytes) {
+  static const int64_t bb = getenv("PBB") ? atoll(getenv("PBB")) : kBlockBytes;
+  return std::clamp<int64_t>(bb / std::max<int64_t>(row_bytes, 1), 1, 4096);
+}
+
+// An unpooled site of a stitched lookup, as the row-by-row loop reads it.
+template <typename T, typename Tid>
+struct StitchedColumn {
+  const Tid* ids;
+  const T* rows;     // the table's row `offset`: id x reads rows + x * d
+  const T* weights;  // null: all 1
+  RowPlace<T> out;
+  int64_t vocab;
+  int64_t d;
+};
+
+// Fills stitched output rows [r0, r1) from unpooled sites, one output row at a time,
+// left to right, so that the stores are sequential. Two prefetch streams run ahead:
+// the ids of each column a few rows down (every column's ids are a separate array,
+// too many streams for the hardware prefetcher), and the table rows that the columns
+// a few places to the right read. False on a bad id.
+template <typename T, typename Tid>
+bool FillStitchedRows(const std::vector<StitchedColumn<T, Tid>>& columns, int64_t r0,
+                      int64_t r1) {
+  constexpr int kRowsAhead = 8;
+  const int n = static_cast<int>(columns.size());
+  const int ahead = std::min(8, n - 1);  // columns
+  for (int64_t r = r0; r < r1; ++r) {
+    int a = ahead;               // the column whose table row is prefetched
+    int64_t a_row = r;
+    for (int c = 0; c < n; ++c) {
+      const StitchedColumn<T, Tid>& col = columns[c];
+      const int64_t k = col.out.per_row;
+      PrefetchBytes(col.ids + (r + kRowsAhead) * k, k * sizeof(Tid));
+      if (a_row < r1) {
+        const StitchedColumn<T, Tid>& next = columns[a];
+        PrefetchBytes(RowAddress(next.rows, next.ids[a_row * next.out.per_row], next.d),
+                      next.d * sizeof(T));
+      }
+      if (++a == n) {
+        a = 0;
+        ++a_row;
+      }
+      for (int64_t j = r * k; j < (r + 1) * k; ++j) {
+        const Tid id = col.ids[j];
+        if (!InRange(id, col.vocab)) return false;
+        const T* src = col.rows + static_cast<int64_t>(id) * col.d;
+        T* dst = col.out(j);
+        DispatchDim(col.d, [&](auto dim) {
+          constexpr int64_t kD = decltype(dim)::value;
+          if (col.weights) {
+            ScaleRow<kD>(dst, src, col.weights[j], col.d);
+          } else {
+            CopyRow<kD>(dst, src, col.d);
+          }
+        });
+      }
+    }
+  }
+  return true;
+}
+
 // Looks up every site: site i reads rows of width dims[i] from tables[i] and writes
-// its output rows to places[i].
+// its output rows to places[i]. With stitched_rows >= 0 (a stitched output of that
+// many rows), work items are blocks of output rows: the unpooled sites fill them
+// row by row (FillStitchedRows), then each pooled site its columns of the block.
 template <typename T, typename Tid>
 Status RunLookup(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
                  const std::vector<Site<T, Tid>>& sites, const std::vector<const T*>& tables,
-                 const std::vector<int64_t>& dims, const std::vector<RowPlace<T>>& places) {
+                 const std::vector<int64_t>& dims, const std::vector<RowPlace<T>>& places,
+                 int64_t stitched_rows = -1) {
   const int num_sites = layout.size();
   // Segment indexes of the pooled sites, in two shared buffers.
   std::vector<int> pooled_sites;
@@ -804,7 +881,24 @@ Status RunLookup(OpKernelContext* ctx, const char* op, const PackedLayout& layou
   }
   const int64_t target_bytes = TargetItemBytes(ctx, total_bytes);
   std::vector<WorkItem> items;
-  for (int i = 0; i < num_sites; ++i) {
+  std::vector<StitchedColumn<T, Tid>> columns;
+  std::vector<int> pooled_columns;
+  if (stitched_rows >= 0) {
+    for (int i = 0; i < num_sites; ++i) {
+      const Site<T, Tid>& s = sites[i];
+      if (s.pooled) {
+        pooled_columns.push_back(i);
+      } else {
+        columns.push_back({s.ids, tables[i] + s.offset * dims[i], s.weights, places[i], s.vocab,
+                           dims[i]});
+      }
+    }
+    const int64_t block = RowsPerBlock(places[0].stride * sizeof(T));
+    for (int64_t r = 0; r < stitched_rows; r += block) {
+      items.push_back({-1, r, std::min(stitched_rows, r + block)});
+    }
+  }
+  for (int i = 0; i < num_sites && stitched_rows < 0; ++i) {
     const int64_t target = std::max<int64_t>(1, target_bytes / row_bytes[i]);
     if (sites[i].pooled) {
       const int64_t* start = index[i].start;
@@ -814,17 +908,27 @@ Status RunLookup(OpKernelContext* ctx, const char* op, const PackedLayout& layou
       SplitWork(i, sites[i].n, target, [](int64_t j) { return j; }, &items);
     }
   }
+  // Entries (or segments) [begin, end) of site i.
+  auto run = [&](int i, int64_t begin, int64_t end) {
+    const Site<T, Tid>& s = sites[i];
+    return DispatchDim(dims[i], [&](auto dim) {
+      constexpr int64_t kD = decltype(dim)::value;
+      return s.pooled ? PoolSegments<kD>(s, index[i], tables[i], dims[i], begin, end, places[i])
+                      : GatherRows<kD>(s, tables[i], dims[i], begin, end, places[i]);
+    });
+  };
   std::atomic<bool> bad_id(false);
   RunWorkItems(ctx, items.size(), total_bytes >= kMinParallelBytes, [&](int64_t k) {
     const WorkItem& item = items[k];
-    const int i = item.unit;
-    const Site<T, Tid>& s = sites[i];
-    const bool ok = DispatchDim(dims[i], [&](auto dim) {
-      constexpr int64_t kD = decltype(dim)::value;
-      return s.pooled ? PoolSegments<kD>(s, index[i], tables[i], dims[i], item.begin,
-                                         item.end, places[i])
-                      : GatherRows<kD>(s, tables[i], dims[i], item.begin, item.end, places[i]);
-    });
+    bool ok = true;
+    if (item.unit >= 0) {
+      ok = run(item.unit, item.begin, item.end);
+    } else {
+      ok = FillStitchedRows(columns, item.begin, item.end);
+      for (int i : pooled_columns) {
+        ok = ok && run(i, item.begin * places[i].per_row, item.end * places[i].per_row);
+      }
+    }
     if (!ok) bad_id.store(true);
   });
   if (bad_id.load()) return FirstBadId(op, layout, sites);
@@ -995,7 +1099,8 @@ class StitchedLookupOp : public OpKernel {
       OP_REQUIRES_OK(ctx, stitch_.Place(kStitchedOp, layout_, i, sites[i], rows, width_, dims[i],
                                         out, &places[i]));
     }
-    OP_REQUIRES_OK(ctx, RunLookup(ctx, kStitchedOp, layout_, sites, site_tables, dims, places));
+    OP_REQUIRES_OK(ctx,
+                   RunLookup(ctx, kStitchedOp, layout_, sites, site_tables, dims, places, rows));
     // Dense inputs: row r of input m to row r, columns from dense_columns[m].
     int64_t dense_bytes = 0;
     for (int64_t w : dense_width) dense_bytes += rows * w * sizeof(T);
@@ -1086,17 +1191,89 @@ void SumContributions(const std::vector<Site<T, Tid>>& sites,
 // The table gradient of PicassoPackedLookup (kStitched false: one gradient tensor per
 // site) or of one table's sites of PicassoStitchedLookup (kStitched true: the sites'
 // gradients are columns of the stitched output's gradient).
+// A one-site, unpooled cluster of a stitched gradient, as SumBand reads it.
+template <typename T>
+struct GradColumn {
+  const uint32_t* inverse;  // per entry, its row's index among the cluster's rows
+  const T* weights;         // null: all 1
+  RowPlace<const T> grad;
+  T* out;                   // the cluster's first gradient row
+  int64_t num_unique;       // its gradient rows
+  int64_t d;
+};
+
+// Writes the gradient rows of a band of columns of a stitched gradient [rows, W],
+// reading it row by row, left to right across the band (sequential loads, rather
+// than one column, a load every W values, at a time). Prefetch streams as in
+// FillStitchedRows: each column's inverse indexes a few rows down, and the gradient
+// rows that the columns a few places to the right add to. Each row's sum keeps entry
+// order, as in SumContributions.
+template <typename T>
+void SumBand(const std::vector<GradColumn<T>>& columns, int64_t rows) {
+  constexpr int kRowsAhead = 8;
+  const int n = static_cast<int>(columns.size());
+  const int ahead = std::min(8, n - 1);
+  for (const auto& col : columns) std::fill(col.out, col.out + col.num_unique * col.d, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    int a = ahead;
+    int64_t a_row = r;
+    for (int c = 0; c < n; ++c) {
+      const GradColumn<T>& col = columns[c];
+      const int64_t k = col.grad.per_row;
+      PrefetchBytes(col.inverse + (r + kRowsAhead) * k, k * sizeof(uint32_t));
+      if (a_row < rows) {
+        const GradColumn<T>& next = columns[a];
+        PrefetchBytes(next.out + next.inverse[a_row * next.grad.per_row] * next.d,
+                      next.d * sizeof(T));
+      }
+      if (++a == n) {
+        a = 0;
+        ++a_row;
+      }
+      DispatchDim(col.d, [&](auto dim) {
+        constexpr int64_t kD = decltype(dim)::value;
+        for (int64_t j = r * k; j < (r + 1) * k; ++j) {
+          AxpyRow<kD>(col.out + col.inverse[j] * col.d, col.grad(j),
+                      col.weights ? col.weights[j] : T(1), col.d);
+        }
+      });
+    }
+  }
+}
+
+// The table gradients of PicassoPackedLookup (kStitched false: one table, one
+// gradient tensor per site) or of PicassoStitchedLookup (kStitched true: every table
+// of the op; the sites' gradients are columns of the stitched output's gradient).
 template <typename T, typename Tid, bool kStitched>
 class PackedLookupGradOp : public OpKernel {
  public:
   explicit PackedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/true));
-    int64_t num_rows;
-    OP_REQUIRES_OK(c, c->GetAttr("num_rows", &num_rows));
-    OP_REQUIRES_OK(c, layout_.CheckRows(kOpName, num_rows));
+    const int n = layout_.size();
     if (kStitched) {
-      OP_REQUIRES_OK(c, stitch_.Init(c, layout_.size()));
-      OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
+      OP_REQUIRES_OK(c, stitch_.Init(c, n));
+      OP_REQUIRES_OK(c, c->GetAttr("table_index", &table_index_));
+      OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
+      OP_REQUIRES_OK(c, c->GetAttr("num_rows", &num_rows_));
+      OP_REQUIRES(c, table_index_.size() == n && dims_.size() == num_rows_.size(),
+                  errors::InvalidArgument(kOpName, ": table_index needs one entry per site, ",
+                                          "dims and num_rows one per table"));
+    } else {
+      int64_t num_rows;
+      OP_REQUIRES_OK(c, c->GetAttr("num_rows", &num_rows));
+      num_rows_ = {num_rows};
+      table_index_.assign(n, 0);
+    }
+    table_sites_.resize(num_rows_.size());
+    for (int i = 0; i < n; ++i) {
+      OP_REQUIRES(c, table_index_[i] >= 0 && table_index_[i] < num_rows_.size(),
+                  errors::InvalidArgument(kOpName, ": table_index ", table_index_[i],
+                                          " outside [0, ", num_rows_.size(), ")"));
+      table_sites_[table_index_[i]].push_back(i);
+    }
+    for (size_t t = 0; t < num_rows_.size(); ++t) {
+      table_layouts_.push_back(layout_.Subset(table_sites_[t]));
+      OP_REQUIRES_OK(c, table_layouts_.back().CheckRows(kOpName, num_rows_[t]));
     }
   }
 
@@ -1104,18 +1281,20 @@ class PackedLookupGradOp : public OpKernel {
     std::vector<Site<T, Tid>> sites;
     OP_REQUIRES_OK(ctx, ReadSites(ctx, kOpName, layout_, &sites));
     const int num_sites = layout_.size();
+    const int num_tables = static_cast<int>(num_rows_.size());
     std::vector<RowPlace<const T>> grads(num_sites);
-    int64_t d;
+    std::vector<int64_t> dims = dims_;
+    int64_t stitched_rows = 0;
     if (kStitched) {
-      d = dim_;
       const Tensor& grad = ctx->input(0);
       OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(grad.shape()),
                   errors::InvalidArgument(kOpName, ": grad must be a matrix [rows, width]; got ",
                                           grad.shape().DebugString()));
+      stitched_rows = grad.dim_size(0);
       for (int i = 0; i < num_sites; ++i) {
-        OP_REQUIRES_OK(ctx, stitch_.Place(kOpName, layout_, i, sites[i], grad.dim_size(0),
-                                          grad.dim_size(1), d, grad.flat<T>().data(),
-                                          &grads[i]));
+        OP_REQUIRES_OK(ctx, stitch_.Place(kOpName, layout_, i, sites[i], stitched_rows,
+                                          grad.dim_size(1), dims[table_index_[i]],
+                                          grad.flat<T>().data(), &grads[i]));
       }
     } else {
       OpInputList grad_list, ids;
@@ -1124,7 +1303,8 @@ class PackedLookupGradOp : public OpKernel {
       OP_REQUIRES(ctx, grad_list[0].dims() >= 2,
                   errors::InvalidArgument(kOpName, ": grads must have rank >= 2 [..., dim]; got ",
                                           grad_list[0].shape().DebugString()));
-      d = grad_list[0].dim_size(grad_list[0].dims() - 1);
+      const int64_t d = grad_list[0].dim_size(grad_list[0].dims() - 1);
+      dims = {d};
       for (int i = 0; i < num_sites; ++i) {
         const TensorShape expected = OutputShape(sites[i], ids[i], d);
         OP_REQUIRES(ctx, grad_list[i].shape() == expected,
@@ -1162,58 +1342,131 @@ class PackedLookupGradOp : public OpKernel {
                  });
     OP_REQUIRES(ctx, !bad_segment.load(), FirstBadSegment(kOpName, layout_, sites));
 
-    RowClusters groups;
-    OP_REQUIRES_OK(ctx, GroupByRow(ctx, kOpName, layout_, sites, &groups));
-    Tensor *unique_rows, *row_grads;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("unique_rows", TensorShape({groups.num_unique}),
-                                             &unique_rows));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("row_grads", TensorShape({groups.num_unique, d}),
-                                             &row_grads));
-    int64_t* rows = unique_rows->flat<int64_t>().data();
-    for (const auto& c : groups.clusters) {
-      std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
+    // Each table's entries grouped by row; its sites numbered within the table.
+    std::vector<TableGrad> tables(num_tables);
+    OpOutputList unique_list, grads_list;
+    OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
+    OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
+    for (int t = 0; t < num_tables; ++t) {
+      TableGrad& table = tables[t];
+      for (int i : table_sites_[t]) {
+        table.sites.push_back(sites[i]);
+        table.grads.push_back(grads[i]);
+        table.scales.push_back(scales[i]);
+      }
+      table.d = dims[t];
+      OP_REQUIRES_OK(ctx, GroupByRow(ctx, kOpName, table_layouts_[t], table.sites, &table.groups));
+      Tensor *unique_rows, *row_grads;
+      OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({table.groups.num_unique}),
+                                               &unique_rows));
+      OP_REQUIRES_OK(ctx, grads_list.allocate(t, TensorShape({table.groups.num_unique, table.d}),
+                                              &row_grads));
+      int64_t* rows = unique_rows->flat<int64_t>().data();
+      for (const auto& c : table.groups.clusters) {
+        std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
+      }
+      table.out = row_grads->flat<T>().data();
     }
 
     // Items: whole clusters, except that a cluster costing more than an item's share
     // is split by ranges of its unique rows (each item then scans all its entries).
-    const int64_t row_bytes = std::max<int64_t>(1, d * sizeof(T));
-    int64_t total_rows = 0;
-    for (const auto& c : groups.clusters) total_rows += c.num_entries() + c.num_unique();
-    const int64_t target = TargetItemRows(ctx, total_rows, row_bytes);
-    std::vector<WorkItem> items;
-    for (int k = 0; k < static_cast<int>(groups.clusters.size()); ++k) {
-      const int64_t u = groups.clusters[k].num_unique();
-      const int64_t cost = groups.clusters[k].num_entries() + u;
-      const int64_t pieces = std::clamp<int64_t>(cost / target, 1, NumThreads(ctx));
-      for (int64_t p = 0; p < pieces && u > 0; ++p) {
-        items.push_back({k, u * p / pieces, u * (p + 1) / pieces});
+    // Stitched one-site unpooled clusters (the usual one-hot features) are grouped
+    // instead into bands of neighbouring columns, one item each (SumBand).
+    auto cluster_bytes = [&](int t, int k) {
+      const RowClusters::Cluster& c = tables[t].groups.clusters[k];
+      return (c.num_entries() + c.num_unique()) * std::max<int64_t>(1, tables[t].d * sizeof(T));
+    };
+    int64_t total_bytes = 0, band_bytes = 0;
+    std::vector<std::pair<int, int>> band_clusters;  // (table, cluster)
+    std::vector<std::vector<bool>> banded(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      banded[t].resize(tables[t].groups.clusters.size());
+      for (int k = 0; k < static_cast<int>(tables[t].groups.clusters.size()); ++k) {
+        total_bytes += cluster_bytes(t, k);
+        const RowClusters::Cluster& c = tables[t].groups.clusters[k];
+        if (kStitched && c.sites.size() == 1 && !tables[t].sites[c.sites[0]].pooled &&
+            c.num_entries() > 0) {
+          band_clusters.push_back({t, k});
+          band_bytes += cluster_bytes(t, k);
+          banded[t][k] = true;
+        }
+      }
+    }
+    const int64_t target = TargetItemBytes(ctx, total_bytes);
+    auto column_of = [&](const std::pair<int, int>& tk) {
+      const TableGrad& table = tables[tk.first];
+      const RowClusters::Cluster& c = table.groups.clusters[tk.second];
+      const int i = c.sites[0];
+      return GradColumn<T>{c.inverse.get(), table.sites[i].weights, table.grads[i],
+                           table.out + c.unique_begin * table.d, c.num_unique(), table.d};
+    };
+    std::sort(band_clusters.begin(), band_clusters.end(), [&](const auto& a, const auto& b) {
+      return column_of(a).grad.base < column_of(b).grad.base;
+    });
+    std::vector<std::vector<GradColumn<T>>> bands;
+    const int64_t num_bands = std::clamp<int64_t>(band_bytes / target, 1, 2 * NumThreads(ctx));
+    int64_t done = 0;
+    for (const auto& tk : band_clusters) {
+      if (bands.empty() || done >= band_bytes * static_cast<int64_t>(bands.size()) / num_bands) {
+        bands.emplace_back();
+      }
+      bands.back().push_back(column_of(tk));
+      done += cluster_bytes(tk.first, tk.second);
+    }
+    struct ClusterItem {
+      int table, cluster;
+      int64_t begin, end, bytes;
+    };
+    std::vector<ClusterItem> items;
+    for (int t = 0; t < num_tables; ++t) {
+      for (int k = 0; k < static_cast<int>(tables[t].groups.clusters.size()); ++k) {
+        const RowClusters::Cluster& c = tables[t].groups.clusters[k];
+        if (banded[t][k]) continue;
+        const int64_t u = c.num_unique();
+        const int64_t pieces = std::clamp<int64_t>(cluster_bytes(t, k) / target, 1, NumThreads(ctx));
+        for (int64_t p = 0; p < pieces && u > 0; ++p) {
+          items.push_back({t, k, u * p / pieces, u * (p + 1) / pieces, cluster_bytes(t, k) / pieces});
+        }
       }
     }
     // Costliest first, so that the last items to be claimed are small ones.
-    auto item_cost = [&](const WorkItem& item) {
-      const RowClusters::Cluster& c = groups.clusters[item.unit];
-      return (c.num_entries() + c.num_unique()) * (item.end - item.begin) / c.num_unique();
-    };
-    std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
-      return item_cost(a) > item_cost(b);
-    });
-    T* out = row_grads->flat<T>().data();
-    RunWorkItems(ctx, items.size(), total_rows * row_bytes >= kMinParallelBytes,
+    std::stable_sort(items.begin(), items.end(),
+                     [](const ClusterItem& a, const ClusterItem& b) { return a.bytes > b.bytes; });
+    const int64_t num_band_items = bands.size();
+    RunWorkItems(ctx, num_band_items + items.size(), total_bytes >= kMinParallelBytes,
                  [&](int64_t k) {
-                   const WorkItem& item = items[k];
-                   DispatchDim(d, [&](auto dim) {
+                   if (k < num_band_items) {
+                     SumBand(bands[k], stitched_rows);
+                     return;
+                   }
+                   const ClusterItem& item = items[k - num_band_items];
+                   const TableGrad& table = tables[item.table];
+                   DispatchDim(table.d, [&](auto dim) {
                      SumContributions<decltype(dim)::value>(
-                         sites, grads, scales, groups.clusters[item.unit], item.begin,
-                         item.end, d, out);
+                         table.sites, table.grads, table.scales,
+                         table.groups.clusters[item.cluster], item.begin, item.end, table.d,
+                         table.out);
                    });
                  });
   }
 
  private:
+  // One table's share of the gradient: its sites (numbered within the table).
+  struct TableGrad {
+    std::vector<Site<T, Tid>> sites;
+    std::vector<RowPlace<const T>> grads;
+    std::vector<const T*> scales;
+    RowClusters groups;
+    T* out = nullptr;
+    int64_t d = 0;
+  };
+
   static constexpr const char* kOpName = kStitched ? kStitchedGradOp : kGradOp;
   PackedLayout layout_;
   StitchLayout stitch_;
-  int64_t dim_ = 0;
+  std::vector<int64_t> table_index_, dims_, num_rows_;
+  std::vector<std::vector<int>> table_sites_;
+  std::vector<PackedLayout> table_layouts_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -1263,12 +1516,14 @@ Status StitchedLookupShape(InferenceContext* c) {
 }
 
 Status StitchedLookupGradShape(InferenceContext* c) {
-  int64_t dim;
-  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  std::vector<int64_t> dims;
+  TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
   ShapeHandle grad;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
-  c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-  c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, dim));
+  for (size_t t = 0; t < dims.size(); ++t) {
+    c->set_output(t, c->Vector(InferenceContext::kUnknownDim));
+    c->set_output(dims.size() + t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
+  }
   return OkStatus();
 }
 
@@ -1388,13 +1643,15 @@ REGISTER_OP("PicassoStitchedLookupGrad")
     .Input("segment_ids: N * int64")
     .Input("weights: N * T")
     .Input("num_segments: N * int64")
-    .Output("unique_rows: int64")
-    .Output("row_grads: T")
+    .Output("unique_rows: G * int64")
+    .Output("row_grads: G * T")
+    .Attr("G: int >= 1")
     .Attr("N: int >= 1")
     .Attr("T: {float, double}")
     .Attr("Tid: {int32, int64}")
-    .Attr("num_rows: int >= 0")
-    .Attr("dim: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("num_rows: list(int)")
+    .Attr("dims: list(int)")
     .Attr("columns: list(int)")
     .Attr("row_blocks: list(int)")
     .Attr("offsets: list(int)")
@@ -1403,8 +1660,9 @@ REGISTER_OP("PicassoStitchedLookupGrad")
     .Attr("feature_names: list(string)")
     .SetShapeFn(StitchedLookupGradShape)
     .Doc(R"doc(
-The gradient of one packed table [num_rows, dim] from the gradient of a
-PicassoStitchedLookup output: its sites' gradients are read by column, in place.
+The gradients of the packed tables [num_rows[t], dims[t]] of a PicassoStitchedLookup
+from the gradient of its output, whose columns hold the sites' gradients, read in
+place. Per table, like PicassoPackedLookupGrad: ascending unique rows, summed rows.
 )doc");
 
 #define REGISTER_PACKED_LOOKUP(T, Tid)                                                   \

@@ -529,10 +529,23 @@ Status RepeatedIndexError(const int64_t* indices, int64_t n) {
 
 // Checks that every index is a row of the table and that no row repeats. When
 // `row_map` ([num_rows]) is given, fills it with each row's position in
-// `indices`, -1 for rows without a gradient.
+// `indices`, -1 for rows without a gradient. Strictly ascending indices (as the
+// fused lookups' gradients give) are recognised in one sequential pass; any other
+// order is checked with a bit (or row_map entry) per table row.
 Status CheckIndices(OpKernelContext* ctx, const int64_t* indices, int64_t n,
                     int64_t num_rows, int32* row_map) {
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  int64_t ascending = 1;
+  while (ascending < n && indices[ascending] > indices[ascending - 1]) ++ascending;
+  if (ascending >= n && (n == 0 || (indices[0] >= 0 && indices[n - 1] < num_rows))) {
+    if (row_map != nullptr) {
+      workers->ParallelFor(num_rows, 1, [&](int64_t begin, int64_t end) {
+        std::fill(row_map + begin, row_map + end, -1);
+      });
+      for (int64_t i = 0; i < n; ++i) row_map[indices[i]] = static_cast<int32>(i);
+    }
+    return OkStatus();
+  }
   std::atomic<bool> out_of_range{false};
   workers->ParallelFor(n, 2, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -754,8 +767,21 @@ class SparseApplyOp : public OpKernel {
         }
       });
     } else {
+      // Rows are scattered over the table: prefetch those a few indices ahead.
+      constexpr int64_t kAhead = 8;
       workers->ParallelFor(n, cost, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) update_row(index[i], grads + i * d);
+        for (int64_t i = begin; i < end; ++i) {
+          if (i + kAhead < end) {
+            const int64_t ahead = index[i + kAhead] * d;
+            for (int64_t b = 0; b < static_cast<int64_t>(d * sizeof(T)); b += 64) {
+              __builtin_prefetch(reinterpret_cast<const char*>(table + ahead) + b, 1);
+              for (int k = 0; k < num_slots; ++k) {
+                __builtin_prefetch(reinterpret_cast<const char*>(slot_tables[k] + ahead) + b, 1);
+              }
+            }
+          }
+          update_row(index[i], grads + i * d);
+        }
       });
     }
   }

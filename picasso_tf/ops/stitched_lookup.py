@@ -59,20 +59,19 @@ def _stitched_lookup_gradient(op, grad):
     grad = tf.convert_to_tensor(grad)
     skip = set(getattr(op, "skip_input_indices", None) or ())
 
-    table_grads = []
-    for t, table in enumerate(tables):
-        sites = [i for i in range(n) if table_index[i] == t]
-        if t in skip or not sites:
-            table_grads.append(None)
-            continue
+    wanted = [t for t in range(g) if t not in skip and t in table_index]
+    table_grads = [None] * g
+    if wanted:
+        sites = [i for i in range(n) if table_index[i] in wanted]
         pick = lambda values: [values[i] for i in sites]  # noqa: E731
         unique_rows, row_grads = _ops().picasso_stitched_lookup_grad(
-            grad=grad, ids=pick(ids), segment_ids=pick(segment_ids), weights=pick(weights),
-            num_segments=pick(num_segments), dim=table.shape[1],
-            num_rows=table_num_rows(table, pick(attrs["offsets"]), pick(attrs["vocab_sizes"])),
-            columns=pick(columns), row_blocks=pick(row_blocks),
-            **{k: pick(v) for k, v in attrs.items()})
-        table_grads.append(row_sparse_gradient(table, unique_rows, row_grads))
+            G=len(wanted), grad=grad, ids=pick(ids), segment_ids=pick(segment_ids), weights=pick(weights),
+            num_segments=pick(num_segments), table_index=[wanted.index(table_index[i]) for i in sites],
+            num_rows=[table_num_rows(tables[t], *_rows_of(t, table_index, attrs)) for t in wanted],
+            dims=[tables[t].shape[1] for t in wanted], columns=pick(columns),
+            row_blocks=pick(row_blocks), **{k: pick(v) for k, v in attrs.items()})
+        for t, rows, values in zip(wanted, unique_rows, row_grads):
+            table_grads[t] = row_sparse_gradient(tables[t], rows, values)
 
     def site_columns(tensor, i):
         d = tables[table_index[i]].shape[1]
@@ -91,3 +90,9 @@ def _stitched_lookup_gradient(op, grad):
                               tf.shape(x))
                    for x, col in zip(dense, op.get_attr("dense_columns"))]
     return table_grads + [None] * (2 * n) + weight_grads + [None] * n + dense_grads
+
+
+def _rows_of(t, table_index, attrs):
+    """(offsets, vocab_sizes) of table t's sites."""
+    sites = [i for i, ti in enumerate(table_index) if ti == t]
+    return [attrs["offsets"][i] for i in sites], [attrs["vocab_sizes"][i] for i in sites]
