@@ -1065,6 +1065,14 @@ class StitchedLookupOp : public OpKernel {
       dims[i] = table.dim_size(1);
     }
     const int64_t rows = sites[0].out_rows() / stitch_.row_blocks[0];
+    Tensor* output;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, width_}), &output));
+    T* out = output->flat<T>().data();
+    std::vector<RowPlace<T>> places(num_sites);
+    for (int i = 0; i < num_sites; ++i) {
+      OP_REQUIRES_OK(ctx, stitch_.Place(kStitchedOp, layout_, i, sites[i], rows, width_, dims[i],
+                                        out, &places[i]));
+    }
     // Every column is written exactly once (else the output would hold garbage).
     std::vector<std::pair<int64_t, int64_t>> spans;
     for (int i = 0; i < num_sites; ++i) {
@@ -1091,14 +1099,6 @@ class StitchedLookupOp : public OpKernel {
     OP_REQUIRES(ctx, covered == width_ || rows == 0,
                 errors::InvalidArgument(kStitchedOp, ": the inputs fill ", covered,
                                         " columns, not width ", width_));
-    Tensor* output;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, width_}), &output));
-    T* out = output->flat<T>().data();
-    std::vector<RowPlace<T>> places(num_sites);
-    for (int i = 0; i < num_sites; ++i) {
-      OP_REQUIRES_OK(ctx, stitch_.Place(kStitchedOp, layout_, i, sites[i], rows, width_, dims[i],
-                                        out, &places[i]));
-    }
     OP_REQUIRES_OK(ctx,
                    RunLookup(ctx, kStitchedOp, layout_, sites, site_tables, dims, places, rows));
     // Dense inputs: row r of input m to row r, columns from dense_columns[m].

@@ -157,3 +157,63 @@ def test_out_of_range_id_names_the_feature_and_value():
     x = dict(x, c=np.full(BATCH, -1))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"'c'.*-1"):
         model.predict_on_batch(x)
+
+
+def stitch_model_builder():
+    """Lookups concatenated with a dense feature, a flattened 3-id sequence and a
+    stack of same-dim lookups (DLRM's interaction input): all stitched."""
+    def build():
+        tf.keras.utils.set_random_seed(7)
+        x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
+        x["seq"] = tf.keras.Input((3,), dtype="int64", name="seq")
+        x["num"] = tf.keras.Input((2,), name="num")
+        tables = {n: tf.keras.layers.Embedding(v, d, name=f"emb_{n}") for n, v, d in FIELDS}
+        seq = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(30, 4, name="emb_seq")(x["seq"]))
+        wide = tf.keras.layers.Concatenate()([x["num"], tables["u"](x["u"]), seq, tables["i"](x["i"]),
+                                              tables["g"](x["g"])])
+        stacked = tf.keras.layers.Flatten()(tf.stack([tables["c"](x["c"]),
+                                                      tf.keras.layers.Embedding(20, 8, name="emb_c2")(x["c"])], axis=1))
+        h = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.Concatenate()([wide, stacked]))
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+    return build
+
+
+def stitch_batches(steps):
+    rng = np.random.default_rng(4)
+    out = []
+    for x, y in batches(steps):
+        out.append((dict(x, seq=rng.integers(0, 30, (BATCH, 3)), num=rng.normal(size=(BATCH, 2))), y))
+    return out
+
+
+def test_concatenated_lookups_are_stitched_and_train_exactly():
+    build = stitch_model_builder()
+    baseline, stitched = build(), picasso.optimize(build())
+    unstitched = picasso.optimize(build(), stitching=False)
+    k_packing = [p for p in stitched.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"][0]
+    by_width = {s["width"]: s for s in k_packing["stitched"]}
+    wide = by_width[2 + 8 + 3 * 4 + 16 + 32]
+    assert (wide["sites"], wide["copied_inputs"]) == (4, 1)   # the dense feature is copied in
+    assert by_width[16]["sites"] == 2                  # the tf.stack
+    losses = {}
+    for name, model in (("baseline", baseline), ("stitched", stitched), ("unstitched", unstitched)):
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.2), loss="binary_crossentropy")
+        losses[name] = [model.train_on_batch(x, y) for x, y in stitch_batches(20)]
+    np.testing.assert_allclose(losses["stitched"], losses["baseline"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(losses["stitched"], losses["unstitched"])
+    stitched.picasso.write_back()
+    for b, o in zip(baseline.weights, stitched.original.weights):
+        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
+    x, _ = stitch_batches(1)[0]
+    np.testing.assert_allclose(stitched.predict_on_batch(x), baseline.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_lookup_also_used_elsewhere_is_copied_into_the_stitch():
+    x = {n: tf.keras.Input((), dtype="int64", name=n) for n in "ab"}
+    ea, eb = tf.keras.layers.Embedding(10, 4)(x["a"]), tf.keras.layers.Embedding(10, 4)(x["b"])
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([ea, eb])) + tf.reduce_sum(ea, 1, keepdims=True)
+    model = picasso.optimize(tf.keras.Model(x, out))
+    k_packing = [p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"][0]
+    assert [(s["sites"], s["copied_inputs"]) for s in k_packing["stitched"]] == [(1, 1)]
+    batch = {"a": np.arange(6) % 10, "b": np.arange(6) * 3 % 10}
+    np.testing.assert_allclose(model.predict_on_batch(batch), model.original.predict_on_batch(batch), rtol=1e-6)
