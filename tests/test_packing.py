@@ -121,8 +121,8 @@ def test_calc_vparam_shards_heavy_groups_like_the_paper():
     for group in plan.groups:
         shards[group.dim] = shards.get(group.dim, 0) + 1
     assert shards == {8: 1, 16: 1, 32: 4}
-    assert picasso.optimize(model, shard_heavy_groups=False).picasso.plan.groups[-1].dim == 32
-    assert len(picasso.optimize(model, shard_heavy_groups=False).picasso.plan.groups) == 3
+    unsharded = picasso.optimize(model, shard_heavy_groups=False).picasso.plan.groups
+    assert sorted(g.dim for g in unsharded) == [8, 16, 32]
 
 
 def test_warmup_statistics_count_ids_per_example():

@@ -41,7 +41,9 @@ def test_profile_reports_before_and_after_and_writes_artefacts(tmp_path):
     ops = report["ops"]
     assert ops["forward_baseline"]["by_op"]["ResourceGather"] == 6
     assert "ResourceGather" not in ops["forward_picasso"]["by_op"]
-    assert ops["forward_picasso"]["by_op"]["PicassoPackedLookup"] == 2 == report["packed_groups"]
+    # Both packed groups' lookups are stitched into the model's concatenation: one op.
+    assert ops["forward_picasso"]["by_op"]["PicassoStitchedLookup"] == 1
+    assert "ConcatV2" not in ops["forward_picasso"]["by_op"] and report["packed_groups"] == 2
     assert report["embedding_sites"] == 6
     assert ops["step_picasso"]["total"] < ops["step_baseline"]["total"]
     for name in ("forward_baseline", "forward_picasso", "step_baseline", "step_picasso"):

@@ -9,6 +9,7 @@ result is exported, rewired (consumers of every site's output now read the fused
 output) and pruned of the replaced chains.
 """
 import collections
+import dataclasses
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops, handle_data_util
@@ -46,45 +47,25 @@ def k_packing(state, config):
                 plan.packed_tables[group.name] = PackedTable(group)
 
     scratch = tf.Graph()
-    replacements, removed, new_captures, fused, stitched = {}, set(), {}, [], []
+    edits = _Edits()
     with scratch.as_default():
-        _import_with_table_shapes(captured.graph_def, analysis.tables, replacements, removed)
+        _import_with_table_shapes(captured.graph_def, analysis.tables, edits)
         stitches = find_stitches(scratch, analysis.sites) if config.stitching else []
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
-        values, slot_of = {}, {}
+        values, slot_of, fused = {}, {}, []
         for group in plan.groups:
-            if group.name not in members_of:
-                continue
-            members, table = members_of[group.name], plan.packed_tables[group.name]
-            with tf.name_scope(f"picasso/{group.name}/"):
-                handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
-                value = values[group.name] = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
-            new_captures[canonical(handle.name)] = table.variable
-            slot_of.update({id(site): (group, slot) for slot, site in members})
-            own = [(slot, site) for slot, site in members if id(site) not in in_stitch]
-            if own:
-                outputs = _fused_lookup(scratch, group, value, own, feature_names)
-                for (_, site), out in zip(own, outputs):
-                    replacements[site.output] = canonical(out.name)
-                    removed.update(site.chain)
-            for slot in group.slots:
-                for read in _dense_reads_of(analysis, slot.variable):
-                    # Whole-table readers (a regularizer, say) now read the table's rows.
-                    with tf.name_scope(f"picasso/{group.name}/"):
-                        rows = value[slot.offset:slot.offset + slot.rows]
-                    replacements[read] = canonical(rows.name)
-                    removed.add(split_tensor_name(read)[0])
-            fused.append({"group": group.name, "sites": len(members), "tables": len(group.slots)})
-        for stitch in stitches:
-            out = _stitched_lookup(scratch, stitch, values, slot_of, feature_names)
-            replacements[stitch.output] = canonical(out.name)
-            removed.add(stitch.node)
-            for part in stitch.parts:
-                removed.update(part.chain + (part.site.chain if part.site else []))
-            stitched.append({"concat": stitch.node, "sites": len(stitch.sites), "width": stitch.width,
-                             "copied_inputs": len(stitch.parts) - len(stitch.sites)})
+            if group.name in members_of:
+                members = members_of[group.name]
+                values[group.name] = _rewrite_group(scratch, group, plan.packed_tables[group.name], analysis,
+                                                    [(sl, si) for sl, si in members if id(si) not in in_stitch],
+                                                    feature_names, edits)
+                slot_of.update({id(site): (group, slot) for slot, site in members})
+                fused.append({"group": group.name, "sites": len(members), "tables": len(group.slots)})
+        stitched = [_rewrite_stitch(scratch, stitch, values, slot_of, feature_names, edits)
+                    for stitch in stitches]
         graph_def = scratch.as_graph_def()
 
+    replacements, removed, new_captures = edits.replacements, edits.removed, edits.captures
     graph_def = rewire(graph_def, replacements, removed)
     rewritten = captured.with_graph(graph_def, replacements, {})
     keep_outputs = rewritten.output_tensors + rewritten.mask_tensors + (
@@ -99,7 +80,16 @@ def k_packing(state, config):
                    "stitched": stitched}
 
 
-def _import_with_table_shapes(graph_def, tables, replacements, removed):
+@dataclasses.dataclass
+class _Edits:
+    """What the rewrite does to the imported graph: tensors replaced (old -> new name),
+    nodes removed, and new placeholders with the variables they stand for."""
+    replacements: dict = dataclasses.field(default_factory=dict)
+    removed: set = dataclasses.field(default_factory=set)
+    captures: dict = dataclasses.field(default_factory=dict)
+
+
+def _import_with_table_shapes(graph_def, tables, edits):
     """Imports graph_def into the default graph with each table's placeholder fed by one
     that carries the variable's shape and dtype, so that the imported lookups have
     static shapes (stitching needs them). The stand-ins are mapped back on rewiring."""
@@ -108,9 +98,42 @@ def _import_with_table_shapes(graph_def, tables, replacements, removed):
         typed = tf.compat.v1.placeholder(tf.resource, [], name="picasso/typed_table")
         handle_data_util.copy_handle_data(variable.handle, typed)
         input_map[placeholder] = typed
-        replacements[canonical(typed.name)] = placeholder
-        removed.add(typed.op.name)
+        edits.replacements[canonical(typed.name)] = placeholder
+        edits.removed.add(typed.op.name)
     tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="")
+
+
+def _rewrite_group(graph, group, table, analysis, own, feature_names, edits):
+    """Reads a group's packed table; its own sites (not stitched) get one fused lookup,
+    its whole-table readers the table's rows. Returns the table's value."""
+    with tf.name_scope(f"picasso/{group.name}/"):
+        handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
+        value = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
+    edits.captures[canonical(handle.name)] = table.variable
+    if own:
+        outputs = _fused_lookup(graph, group, value, own, feature_names)
+        for (_, site), out in zip(own, outputs):
+            edits.replacements[site.output] = canonical(out.name)
+            edits.removed.update(site.chain)
+    for slot in group.slots:
+        for read in _dense_reads_of(analysis, slot.variable):
+            # Whole-table readers (a regularizer, say) now read the table's rows.
+            with tf.name_scope(f"picasso/{group.name}/"):
+                rows = value[slot.offset:slot.offset + slot.rows]
+            edits.replacements[read] = canonical(rows.name)
+            edits.removed.add(split_tensor_name(read)[0])
+    return value
+
+
+def _rewrite_stitch(graph, stitch, values, slot_of, feature_names, edits):
+    """Replaces a concatenation by a stitched lookup; returns its report entry."""
+    out = _stitched_lookup(graph, stitch, values, slot_of, feature_names)
+    edits.replacements[stitch.output] = canonical(out.name)
+    edits.removed.add(stitch.node)
+    for part in stitch.parts:
+        edits.removed.update(part.chain + (part.site.chain if part.site else []))
+    return {"concat": stitch.node, "sites": len(stitch.sites), "width": stitch.width,
+            "copied_inputs": len(stitch.parts) - len(stitch.sites)}
 
 
 def _one_site_per_table(analysis):

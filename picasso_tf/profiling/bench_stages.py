@@ -6,15 +6,16 @@ benchmark's ids, the previous stage's outputs), and the stages are run in turn,
 interleaved, `repeats` times after warm-up; medians and quartiles are reported.
 
 picasso_tf path (packed groups exactly as the PicassoModel's plan made them):
-  lookup      PicassoPackedLookup, one per packed group (per-field outputs)
-  concat      ConcatV2 of the per-field outputs (the model's Concatenate)
+  lookup      PicassoStitchedLookup: every group's rows written straight into the
+              model's concatenation [B, sum(dims)]
   dense       the sigmoid unit forward + backward, including the input gradient dx
-  split       SplitV of dx into per-field gradients (the Concatenate's gradient)
-  grad        PicassoPackedLookupGrad, one per group (deduplicated, summed rows)
+  grad        PicassoStitchedLookupGrad: every group's deduplicated, summed rows,
+              read from dx by column
   apply       PicassoSparseApplyAdagrad, one per group
-stock path (what Keras does per field): ResourceGather per field; Keras Adagrad's
-  _deduplicate_sparse_grad (Unique + UnsortedSegmentSum) and update (two scatters and
-  a gather) per field.
+stock path (what Keras does per field): ResourceGather per field, ConcatV2 of the
+  per-field outputs (the model's Concatenate), the same dense stage, SplitV of dx (the
+  Concatenate's gradient), Keras Adagrad's _deduplicate_sparse_grad (Unique +
+  UnsortedSegmentSum) and update (two scatters and a gather) per field.
 bound: the dense stage without dx (a model whose input is the [B, sum(dims)] tensor).
 """
 import statistics
@@ -40,7 +41,7 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
                 learning_rate=0.01, epsilon=1e-7):
     """{stage: {"ms": median, "q1", "q3"}} plus "unique_rows" and "groups"."""
     from picasso_tf.ops import sparse_apply
-    from picasso_tf.ops.packed_lookup import packed_lookup
+    from picasso_tf.ops.stitched_lookup import stitched_lookup
 
     fields = list(schema.categorical)
     dims = [f.embedding_dim for f in fields]
@@ -52,19 +53,19 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
     weights = tf.Variable(rng.normal(size=(sum(dims), 1)).astype(np.float32) * 0.01)
     y = tf.constant(np.asarray(labels[:batch_size], np.float32).reshape(-1, 1))
 
-    def meta(members, offsets):
-        return dict(offsets=offsets, vocab_sizes=[fields[i].vocab_size for i in members],
-                    combiners=["none"] * len(members), feature_names=[fields[i].name for i in members])
+    table_index, offsets = [0] * len(fields), [0] * len(fields)
+    for g, (_, members, group_offsets, _) in enumerate(groups):
+        for i, offset in zip(members, group_offsets):
+            table_index[i], offsets[i] = g, offset
 
-    @tf.function
-    def lookup():
-        outs = [None] * len(fields)
-        for (_, members, offsets, _), table in zip(groups, packed):
-            for i, out in zip(members, packed_lookup(table.read_value(), [ids[i] for i in members],
-                                                     **meta(members, offsets))):
-                outs[i] = out
-        return outs
+    def stitched(values):
+        return stitched_lookup(values, ids, table_index=table_index,
+                               columns=np.concatenate([[0], np.cumsum(dims)[:-1]]).tolist(),
+                               row_blocks=[1] * len(fields), width=sum(dims), offsets=offsets,
+                               vocab_sizes=[f.vocab_size for f in fields], combiners=["none"] * len(fields),
+                               feature_names=[f.name for f in fields])
 
+    lookup = tf.function(lambda: stitched([t.read_value() for t in packed]))
     concat = tf.function(lambda xs: tf.concat(xs, 1))
 
     def loss_of(x):
@@ -87,14 +88,9 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
     split = tf.function(lambda g: tf.split(g, dims, axis=1))
 
     @tf.function
-    def grad(pieces):
-        out = []
-        for (_, members, offsets, _), table in zip(groups, packed):
-            value = table.read_value()
-            o = packed_lookup(value, [ids[i] for i in members], **meta(members, offsets))
-            g = tf.gradients(o, value, grad_ys=[pieces[i] for i in members])[0]
-            out.append((g.indices, g.values))
-        return out
+    def grad(dx):
+        values = [t.read_value() for t in packed]
+        return [(g.indices, g.values) for g in tf.gradients(stitched(values), values, grad_ys=dx)]
 
     @tf.function
     def apply(grads):
@@ -123,20 +119,20 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
         with tf.control_dependencies(ops):
             return tf.constant(0)
 
-    outs = lookup()
-    x = concat(outs)
+    x = lookup()
     dx, _ = dense(x)
     pieces = split(dx)
-    grads = grad(pieces)
+    grads = grad(dx)
+    outs = stock_lookup()
     stages = {
-        "picasso: lookup (PicassoPackedLookup)": lambda: lookup(),
-        "picasso: concat (ConcatV2)": lambda: concat(outs),
+        "picasso: lookup (PicassoStitchedLookup)": lambda: lookup(),
         "dense: forward + backward incl. dx": lambda: dense(x),
-        "picasso: split dx (SplitV)": lambda: split(dx),
-        "picasso: lookup grad (PicassoPackedLookupGrad)": lambda: grad(pieces),
+        "picasso: lookup grad (PicassoStitchedLookupGrad)": lambda: grad(dx),
         "picasso: apply (PicassoSparseApplyAdagrad)": lambda: apply(grads),
         "bound: dense forward + backward, no dx": lambda: dense_bound(x),
         "stock: lookup (ResourceGather per field)": lambda: stock_lookup(),
+        "stock: concat (ConcatV2)": lambda: concat(outs),
+        "stock: split dx (SplitV)": lambda: split(dx),
         "stock: dedup + Adagrad update per field": lambda: stock_update(pieces),
     }
     for f in stages.values():
@@ -155,8 +151,7 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
         q1, med, q3 = np.percentile(samples, [25, 50, 75]) * 1e3
         out["stages"][name] = {"ms": float(med), "q1": float(q1), "q3": float(q3)}
     picasso = [k for k in out["stages"] if k.startswith("picasso") or k.startswith("dense")]
-    stock = [k for k in out["stages"] if k.startswith("stock")] + \
-        ["picasso: concat (ConcatV2)", "dense: forward + backward incl. dx", "picasso: split dx (SplitV)"]
+    stock = [k for k in out["stages"] if k.startswith("stock")] + ["dense: forward + backward incl. dx"]
     out["picasso_sum_ms"] = statistics.fsum(out["stages"][k]["ms"] for k in picasso)
     out["stock_sum_ms"] = statistics.fsum(out["stages"][k]["ms"] for k in stock)
     out["bound_ms"] = out["stages"]["bound: dense forward + backward, no dx"]["ms"]
