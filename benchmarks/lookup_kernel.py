@@ -6,15 +6,20 @@ plus the gradient of the tables for a fixed upstream gradient. Three variants:
 
   fused         one PicassoPackedLookup on the packed [200 * 20000, D] table and its
                 gradient (PicassoPackedLookupGrad: ascending unique rows, summed rows)
+  stitched      one PicassoStitchedLookup writing every field's rows straight into
+                one [batch, 200 * D] tensor (the layout a model concatenating its
+                embeddings reads, and the layout fbgemm's TBE outputs) and its
+                gradient from a [batch, 200 * D] upstream gradient
   stock         200 x tf.nn.embedding_lookup (ResourceGather) and their gradients,
                 i.e. IndexedSlices holding one gradient row per id, duplicates included
   stock+dedup   stock, plus the duplicate summing (tf.unique + unsorted_segment_sum
                 per field) that Keras optimizers other than SGD do before applying
   fused+sgd     fused, plus picasso_tf's fused row-sparse SGD update of the table
+  stitched+sgd  stitched, plus the same update
   fbgemm        (with --fbgemm-python) fbgemm's CPU TableBatchedEmbedding forward +
                 backward with its fused exact SGD update, on the same ids, run by
                 benchmarks/fbgemm_tbe_worker.py in a venv holding torch 2.13.0 and
-                fbgemm-gpu-cpu 1.8.0 (not a project dependency); compare with fused+sgd
+                fbgemm-gpu-cpu 1.8.0 (not a project dependency); compare with stitched+sgd
 
 GB/s counts the embedding-row bytes the work needs: the forward reads and writes one
 row per id, the backward reads one gradient row per id and writes one row per unique
@@ -37,6 +42,7 @@ import tensorflow as tf
 
 from picasso_tf.ops import sparse_apply
 from picasso_tf.ops.packed_lookup import packed_lookup
+from picasso_tf.ops.stitched_lookup import stitched_lookup
 
 
 def zipf_ids(rng, fields, batch, vocab, exponent):
@@ -78,6 +84,23 @@ def build_steps(dim, fields, vocab, batch):
 
     fused = tf.function(lambda ids: fused_body(ids, False), input_signature=[specs])
     fused_sgd = tf.function(lambda ids: fused_body(ids, True), input_signature=[specs])
+    stitched_upstream = tf.concat(upstream, axis=1)
+
+    def stitched_body(ids_list, update):
+        value = packed.read_value()
+        out = stitched_lookup([value], ids_list, table_index=[0] * fields,
+                              columns=[i * dim for i in range(fields)], row_blocks=[1] * fields,
+                              width=fields * dim, offsets=offsets, vocab_sizes=[vocab] * fields,
+                              combiners=["none"] * fields, feature_names=names)
+        grad = tf.gradients(out, [packed], grad_ys=stitched_upstream)[0]
+        deps = [out, grad.values, grad.indices]
+        if update:
+            deps.append(sparse_apply.sgd(packed, grad.indices, grad.values, lr=0.01))
+        with tf.control_dependencies(deps):
+            return tf.size(grad.indices)
+
+    stitched = tf.function(lambda ids: stitched_body(ids, False), input_signature=[specs])
+    stitched_sgd = tf.function(lambda ids: stitched_body(ids, True), input_signature=[specs])
 
     def stock_body(ids_list, dedup):
         outs = [tf.nn.embedding_lookup(t, i) for t, i in zip(tables, ids_list)]
@@ -95,8 +118,8 @@ def build_steps(dim, fields, vocab, batch):
 
     stock = tf.function(lambda ids: stock_body(ids, False), input_signature=[specs])
     stock_dedup = tf.function(lambda ids: stock_body(ids, True), input_signature=[specs])
-    return ({"fused": fused, "stock": stock, "stock+dedup": stock_dedup, "fused+sgd": fused_sgd},
-            [packed] + tables)
+    return ({"fused": fused, "stitched": stitched, "stock": stock, "stock+dedup": stock_dedup,
+             "fused+sgd": fused_sgd, "stitched+sgd": stitched_sgd}, [packed] + tables)
 
 
 def fbgemm_ms(python, ids, vocab, dim, steps):
@@ -153,7 +176,7 @@ def main():
         if args.fbgemm_python:
             medians["fbgemm"] = fbgemm_ms(args.fbgemm_python, raw_ids, args.vocab, dim, args.steps)
         for name, ms in medians.items():
-            base = "fused+sgd" if name in ("fused+sgd", "fbgemm") else "fused"
+            base = "stitched+sgd" if name.endswith("sgd") or name == "fbgemm" else "stitched"
             print(f"  {name:12s} {ms:8.2f} ms/step  {moved / ms / 1e6:6.2f} GB/s  "
                   f"{base} speed-up x{ms / medians[base]:.2f}")
         del steps, variables
