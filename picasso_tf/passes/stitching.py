@@ -7,7 +7,7 @@ Any tensor concatenated along axis a is, in memory, a [outer, inner] matrix with
 outer = prod(shape[:a]) and inner = prod(shape[a:]) (Pack: the same with the new axis
 at a), and the result is these matrices side by side. A site's output, reshaped any
 way on its way to the concatenation (Reshape, ExpandDims, Squeeze, Identity), keeps
-its row order, so it fills inner / D consecutive columns blocks of D per outer row.
+its row order, so each outer row holds inner / D of its consecutive D-wide rows.
 Other inputs (dense features, sites used elsewhere too) are copied in by the kernel.
 """
 import dataclasses
@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-# Ops that only reshape their first input, and the position of that input.
+# Ops that only reshape their first input.
 _RESHAPES = {"Reshape", "ExpandDims", "Squeeze", "Identity"}
 
 
