@@ -217,3 +217,24 @@ def test_a_lookup_also_used_elsewhere_is_copied_into_the_stitch():
     assert [(s["sites"], s["copied_inputs"]) for s in k_packing["stitched"]] == [(1, 1)]
     batch = {"a": np.arange(6) % 10, "b": np.arange(6) * 3 % 10}
     np.testing.assert_allclose(model.predict_on_batch(batch), model.original.predict_on_batch(batch), rtol=1e-6)
+
+
+def test_twin_concatenations_share_one_stitched_lookup():
+    """DeepFM's pattern: the FM part stacks the embeddings that the deep part
+    concatenates flat; both are the same [B, sum(dims)] layout, so one stitched
+    lookup serves both and the model still trains exactly."""
+    def build():
+        tf.keras.utils.set_random_seed(11)
+        x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
+        embs = [tf.keras.layers.Embedding(v, 8, name=f"emb_{n}")(x[n]) for n, v, _ in FIELDS]
+        stacked = tf.stack(embs, axis=1)                                   # [B, 4, 8]
+        fm = 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(stacked, 1)) - tf.reduce_sum(tf.square(stacked), 1),
+                                 axis=1, keepdims=True)
+        deep = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(embs))  # [B, 32]
+        return tf.keras.Model(x, tf.keras.layers.Activation("sigmoid")(fm + deep))
+
+    baseline, optimized = build(), picasso.optimize(build())
+    k_packing = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"][0]
+    assert [(len(s["concat"]), s["sites"], s["width"]) for s in k_packing["stitched"]] == [(2, 4, 32)]
+    np.testing.assert_allclose(run(optimized, tf.keras.optimizers.Adagrad(0.2), 20),
+                               run(baseline, tf.keras.optimizers.Adagrad(0.2), 20), rtol=1e-5, atol=1e-5)

@@ -126,13 +126,19 @@ def _rewrite_group(graph, group, table, analysis, own, feature_names, edits):
 
 
 def _rewrite_stitch(graph, stitch, values, slot_of, feature_names, edits):
-    """Replaces a concatenation by a stitched lookup; returns its report entry."""
+    """Replaces the concatenations of a stitch by (reshapes of) one stitched lookup;
+    returns the stitch's report entry."""
     out = _stitched_lookup(graph, stitch, values, slot_of, feature_names)
-    edits.replacements[stitch.output] = canonical(out.name)
-    edits.removed.add(stitch.node)
+    for concat in stitch.outputs:
+        shaped = out
+        if concat.shape != [-1, stitch.width]:
+            with tf.name_scope("picasso/stitched/"):
+                shaped = tf.reshape(out, concat.shape)
+        edits.replacements[concat.tensor] = canonical(shaped.name)
+        edits.removed.add(concat.node)
     for part in stitch.parts:
         edits.removed.update(part.chain + (part.site.chain if part.site else []))
-    return {"concat": stitch.node, "sites": len(stitch.sites), "width": stitch.width,
+    return {"concat": [c.node for c in stitch.outputs], "sites": len(stitch.sites), "width": stitch.width,
             "copied_inputs": len(stitch.parts) - len(stitch.sites)}
 
 
@@ -173,7 +179,7 @@ def _fused_lookup(graph, group, value, members, feature_names):
 
 
 def _stitched_lookup(graph, stitch, values, slot_of, feature_names):
-    """PicassoStitchedLookup replacing a concatenation, reshaped to its output shape."""
+    """PicassoStitchedLookup of a stitch: [rows, width]."""
     from picasso_tf.ops import stitched_lookup as stitch_ops
     groups, members, table_index, columns, row_blocks, dense, dense_columns = [], [], [], [], [], [], []
     column = 0
@@ -192,13 +198,10 @@ def _stitched_lookup(graph, stitch, values, slot_of, feature_names):
         column += part.inner
     dtype = groups[0].dtype
     with tf.name_scope("picasso/stitched/"):
-        out = stitch_ops.stitched_lookup(
+        return stitch_ops.stitched_lookup(
             [values[g.name] for g in groups], dense_list=dense, table_index=table_index,
             columns=columns, row_blocks=row_blocks, dense_columns=dense_columns,
             width=stitch.width, **_site_args(graph, members, dtype, feature_names))
-        if stitch.output_shape != [-1, stitch.width]:
-            out = tf.reshape(out, stitch.output_shape)
-    return out
 
 
 def _dense_reads_of(analysis, variable):

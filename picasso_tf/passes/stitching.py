@@ -9,6 +9,10 @@ at a), and the result is these matrices side by side. A site's output, reshaped 
 way on its way to the concatenation (Reshape, ExpandDims, Squeeze, Identity), keeps
 its row order, so each outer row holds inner / D of its consecutive D-wide rows.
 Other inputs (dense features, sites used elsewhere too) are copied in by the kernel.
+
+Twin concatenations, with the same inputs giving the same columns (DeepFM's FM part
+stacks the embeddings that its deep part concatenates flat: the same memory layout),
+share one stitched lookup: each takes its own reshape of it.
 """
 import dataclasses
 import math
@@ -29,10 +33,15 @@ class StitchPart:
 
 
 @dataclasses.dataclass
+class StitchOutput:
+    node: str                   # a ConcatV2 / Pack node
+    tensor: str                 # its output
+    shape: List[int]            # static, -1 for the one unknown dimension
+
+
+@dataclasses.dataclass
 class Stitch:
-    node: str                   # the ConcatV2 / Pack node
-    output: str                 # its output tensor
-    output_shape: List[int]     # static, -1 for the one unknown dimension
+    outputs: List[StitchOutput]   # the concatenations (twins) it replaces
     parts: List[StitchPart]
 
     @property
@@ -61,16 +70,30 @@ def find_stitches(graph, sites):
             chain.append(node.name)
             tensor = node.outputs[0]
         reaches[tensor.name] = (site, chain)
-    stitches = [_stitch_of(node, reaches) for node in graph.get_operations()
-                if node.type in ("ConcatV2", "Pack") and not node._control_outputs]
-    stitches = [s for s in stitches if s is not None]
+    twins = {}   # (input, columns) pairs -> the Stitch of every concatenation made of them
+    for node in graph.get_operations():
+        if node.type in ("ConcatV2", "Pack") and not node._control_outputs:
+            stitch = _stitch_of(node, reaches)
+            if stitch is not None:
+                key = tuple((p.tensor, p.inner) for p in stitch.parts)
+                if key in twins:
+                    twins[key].outputs += stitch.outputs
+                else:
+                    twins[key] = stitch
+    stitches = list(twins.values())
+    # A site is stitched only where every use of it is in this stitch's concatenations.
+    for stitch in stitches:
+        nodes = sorted(o.node for o in stitch.outputs)
+        for part in stitch.parts:
+            if part.site and sorted(c.name for c in graph.get_tensor_by_name(part.tensor).consumers()) != nodes:
+                part.site, part.chain = None, []
     # A table's sites must all go to one lookup op (one stitch, or the group's own
     # lookup): then its gradient comes from one op, each row once, summed in the order
     # of the model's own gradient. Sites of tables split otherwise are copied in.
     destination = {id(site): None for site in sites}
-    for stitch in stitches:
+    for k, stitch in enumerate(stitches):
         for site in stitch.sites:
-            destination[id(site)] = stitch.node
+            destination[id(site)] = k
     per_table = {}
     for site in sites:
         per_table.setdefault(site.table, set()).add(destination[id(site)])
@@ -105,9 +128,9 @@ def _stitch_of(node, reaches):
             return None
         inner = math.prod(dims)
         site, chain = reaches.get(x.name, (None, []))
-        exclusive = (site is not None and len(x.consumers()) == 1 and names.count(x.name) == 1
-                     and inner % site.dim == 0 and site.dtype == out.dtype)
-        parts.append(StitchPart(x.name, inner, site if exclusive else None, chain if exclusive else []))
+        fits = (site is not None and names.count(x.name) == 1 and inner % site.dim == 0
+                and site.dtype == out.dtype)
+        parts.append(StitchPart(x.name, inner, site if fits else None, chain if fits else []))
     if not any(p.site for p in parts) or any(p.inner == 0 for p in parts):
         return None
-    return Stitch(node.name, out.name, [-1 if d is None else d for d in output_shape], parts)
+    return Stitch([StitchOutput(node.name, out.name, [-1 if d is None else d for d in output_shape])], parts)
