@@ -71,36 +71,32 @@ def build_steps(dim, fields, vocab, batch):
     upstream = [tf.constant(rng.normal(size=(batch, dim)), tf.float32) for _ in range(fields)]
     specs = [tf.TensorSpec([batch], tf.int64)] * fields
 
-    def fused_body(ids_list, update):
-        outs = packed_lookup(packed.read_value(), ids_list, offsets=offsets,
-                             vocab_sizes=[vocab] * fields, combiners=["none"] * fields,
-                             feature_names=names)
-        grad = tf.gradients(outs, [packed], grad_ys=upstream)[0]
-        deps = outs + [grad.values, grad.indices]
-        if update:
-            deps.append(sparse_apply.sgd(packed, grad.indices, grad.values, lr=0.01))
-        with tf.control_dependencies(deps):
-            return tf.size(grad.indices)
+    def packed_step(lookup, grad_ys, update):
+        """A step of `lookup` (ids -> outputs) on the packed table: outputs, the table's
+        row-sparse gradient and, with `update`, the fused SGD update."""
+        def step(ids_list):
+            outs = lookup(ids_list)
+            grad = tf.gradients(outs, [packed], grad_ys=grad_ys)[0]
+            deps = outs + [grad.values, grad.indices]
+            if update:
+                deps.append(sparse_apply.sgd(packed, grad.indices, grad.values, lr=0.01))
+            with tf.control_dependencies(deps):
+                return tf.size(grad.indices)
+        return tf.function(step, input_signature=[specs])
 
-    fused = tf.function(lambda ids: fused_body(ids, False), input_signature=[specs])
-    fused_sgd = tf.function(lambda ids: fused_body(ids, True), input_signature=[specs])
-    stitched_upstream = tf.concat(upstream, axis=1)
+    def fused_lookup(ids_list):
+        return packed_lookup(packed.read_value(), ids_list, offsets=offsets, vocab_sizes=[vocab] * fields,
+                             combiners=["none"] * fields, feature_names=names)
 
-    def stitched_body(ids_list, update):
-        value = packed.read_value()
-        out = stitched_lookup([value], ids_list, table_index=[0] * fields,
-                              columns=[i * dim for i in range(fields)], row_blocks=[1] * fields,
-                              width=fields * dim, offsets=offsets, vocab_sizes=[vocab] * fields,
-                              combiners=["none"] * fields, feature_names=names)
-        grad = tf.gradients(out, [packed], grad_ys=stitched_upstream)[0]
-        deps = [out, grad.values, grad.indices]
-        if update:
-            deps.append(sparse_apply.sgd(packed, grad.indices, grad.values, lr=0.01))
-        with tf.control_dependencies(deps):
-            return tf.size(grad.indices)
+    def stitched_outputs(ids_list):
+        return [stitched_lookup([packed.read_value()], ids_list, table_index=[0] * fields,
+                                columns=[i * dim for i in range(fields)], row_blocks=[1] * fields,
+                                width=fields * dim, offsets=offsets, vocab_sizes=[vocab] * fields,
+                                combiners=["none"] * fields, feature_names=names)]
 
-    stitched = tf.function(lambda ids: stitched_body(ids, False), input_signature=[specs])
-    stitched_sgd = tf.function(lambda ids: stitched_body(ids, True), input_signature=[specs])
+    stitched_upstream = [tf.concat(upstream, axis=1)]
+    fused, fused_sgd = (packed_step(fused_lookup, upstream, u) for u in (False, True))
+    stitched, stitched_sgd = (packed_step(stitched_outputs, stitched_upstream, u) for u in (False, True))
 
     def stock_body(ids_list, dedup):
         outs = [tf.nn.embedding_lookup(t, i) for t, i in zip(tables, ids_list)]
