@@ -767,8 +767,7 @@ bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table
 // Rows of a stitched [rows, width] tensor that a work item covers together: enough
 // to keep the pages and cache lines it touches resident while every site visits them.
 int64_t RowsPerBlock(int64_t row_bytes) {
-  static const int64_t bb = getenv("PBB") ? atoll(getenv("PBB")) : kBlockBytes;
-  return std::clamp<int64_t>(bb / std::max<int64_t>(row_bytes, 1), 1, 4096);
+  return std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(row_bytes, 1), 1, 4096);
 }
 
 // An unpooled site of a stitched lookup, as the row-by-row loop reads it.

@@ -5,9 +5,12 @@ tf.nn lookups on add_weight variables, sparse and ragged multi-hot, masks and po
 shared tables, nested Sequential blocks), since the analysis must work from graph
 structure alone.
 """
+import gc
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 import picasso_tf as picasso
 
@@ -268,6 +271,30 @@ def test_unrecognised_table_is_left_alone_reported_and_trains():
     assert "maxnorm_table" in optimized.picasso.report()
     np.testing.assert_allclose(train(optimized, tf.keras.optimizers.Adagrad(0.3)),
                                train(baseline, tf.keras.optimizers.Adagrad(0.3)), rtol=1e-5, atol=1e-5)
+
+
+def recurrent_history():
+    """A GRU over the embedded history: its loop's condition and body are library
+    functions of the traced graph."""
+    x = inputs()
+    hist = tf.keras.layers.GRU(4)(tf.keras.layers.Embedding(VOCAB["item"], 8)(x["hist"]))
+    return tf.keras.Model(x, head([tf.keras.layers.Embedding(VOCAB["user"], 8)(x["user"]), hist], x["price"]))
+
+
+def test_loop_functions_outlive_the_collected_trace():
+    """optimize() traces the model in a tf.function that is then garbage collected, and
+    TensorFlow unregisters that function's loop bodies with it; the rewritten model
+    (retraced here by a second compile) must still find them."""
+    baseline, optimized = build_pair(recurrent_history)
+    gc.collect()
+    graph_def = optimized.rewritten_forward(training=True).captured.graph_def
+    loops = [n.attr[a].func.name for n in graph_def.node if n.op in ("While", "StatelessWhile")
+             for a in ("cond", "body")]
+    assert loops, "the GRU should leave a While loop in the graph"
+    assert all(context.context().has_function(f) for f in loops), loops
+    expected = train(baseline, tf.keras.optimizers.Adagrad(0.3), steps=3)
+    np.testing.assert_allclose(train(optimized, tf.keras.optimizers.Adagrad(0.3), steps=3), expected,
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_decorator_forms():

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from picasso_tf.graph.graph_def_util import canonical
-from picasso_tf.graph.inline import inline_function_calls
+from picasso_tf.graph.inline import LibraryHold, inline_function_calls
 
 
 @dataclasses.dataclass
@@ -25,6 +25,7 @@ class CapturedGraph:
     output_masks: List[Optional[str]]  # per flattened output its Keras mask (Keras weights losses by it)
     captures: Dict[str, Any]         # placeholder tensor -> tf.Variable or outside tensor
     training: bool
+    library: Optional[LibraryHold] = None  # keeps the trace's loop/branch functions registered
 
     @property
     def output_tensors(self):
@@ -101,8 +102,10 @@ def capture(model, specs, training):
     outputs, reg, masks = concrete.structured_outputs
     output_structure = tf.nest.map_structure(lambda t: canonical(t.name), outputs)
     output_masks = [canonical(m.name) if m is not None else None for m in masks]
+    graph_def = graph.as_graph_def()
+    library = LibraryHold(graph_def)
     return CapturedGraph(
-        graph_def=inline_function_calls(graph.as_graph_def()), input_specs=specs, input_tensors=input_tensors,
+        graph_def=inline_function_calls(graph_def), library=library, input_specs=specs, input_tensors=input_tensors,
         output_structure=output_structure,
         regularization_loss=canonical(reg.name) if reg is not None else None,
         output_masks=output_masks,

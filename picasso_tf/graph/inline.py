@@ -85,3 +85,27 @@ def register_library(graph_def):
     for fdef in graph_def.library.function:
         if not ctx.has_function(fdef.signature.name):
             ctx.add_function_def(fdef)
+
+
+class LibraryHold:
+    """Keeps a GraphDef's library functions registered with the runtime while it lives.
+
+    The runtime counts registrations and drops a function when the tf.function that
+    traced it is garbage collected, which for a captured model happens at a moment
+    the garbage collector picks, possibly while a rewritten graph that calls the
+    function is being imported or run. Holding a registration of our own (released
+    when the hold is collected) rules that out."""
+
+    def __init__(self, graph_def):
+        self._context = context.context()
+        self._names = []
+        for fdef in graph_def.library.function:
+            self._context.add_function_def(fdef)
+            self._names.append(fdef.signature.name)
+
+    def __del__(self):
+        for name in self._names:
+            try:
+                self._context.remove_function(name)
+            except Exception:  # noqa: BLE001 - the runtime may already be shut down
+                return
