@@ -48,6 +48,7 @@ namespace {
 using picasso::AxpyRow;
 using picasso::CopyRow;
 using picasso::DispatchDim;
+using picasso::DotRow;
 using picasso::PrefetchBytes;
 using picasso::RunWorkItems;
 using picasso::ScaleRow;
@@ -82,6 +83,8 @@ constexpr char kLookupOp[] = "PicassoPackedLookup";
 constexpr char kGradOp[] = "PicassoPackedLookupGrad";
 constexpr char kStitchedOp[] = "PicassoStitchedLookup";
 constexpr char kStitchedGradOp[] = "PicassoStitchedLookupGrad";
+constexpr char kProjectionOp[] = "PicassoStitchedProjection";
+constexpr char kProjectionGradOp[] = "PicassoStitchedProjectionGrad";
 
 enum class Combiner { kNone, kSum, kMean, kSqrtN };
 constexpr const char* kCombinerNames[] = {"none", "sum", "mean", "sqrtn"};
@@ -684,6 +687,51 @@ bool IndexSegments(const Site<T, Tid>& s, int64_t* start, int32_t* perm_buffer,
   return true;
 }
 
+// The segment indexes of every pooled site of a call (see IndexSegments), in two
+// buffers shared by the sites; unpooled sites have an empty index.
+struct PooledIndexes {
+  std::vector<SegmentIndex> index;
+  std::unique_ptr<int64_t[]> starts;
+  std::unique_ptr<int32_t[]> perms;
+
+  template <typename T, typename Tid>
+  Status Build(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
+               const std::vector<Site<T, Tid>>& sites) {
+    const int num_sites = static_cast<int>(sites.size());
+    std::vector<int> pooled_sites;
+    int64_t starts_size = 0, perms_size = 0;
+    for (int i = 0; i < num_sites; ++i) {
+      if (!sites[i].pooled) continue;
+      pooled_sites.push_back(i);
+      starts_size += sites[i].num_segments + 1;
+      perms_size += sites[i].n;
+    }
+    starts.reset(new int64_t[starts_size]);
+    perms.reset(new int32_t[perms_size]);
+    std::vector<int64_t*> site_start(num_sites);
+    std::vector<int32_t*> site_perm(num_sites);
+    int64_t* next_start = starts.get();
+    int32_t* next_perm = perms.get();
+    for (int i : pooled_sites) {
+      site_start[i] = next_start;
+      site_perm[i] = next_perm;
+      next_start += sites[i].num_segments + 1;
+      next_perm += sites[i].n;
+    }
+    index.assign(num_sites, SegmentIndex());
+    std::atomic<bool> bad_segment(false);
+    RunWorkItems(ctx, pooled_sites.size(), starts_size + perms_size >= kMinParallelEntries,
+                 [&](int64_t k) {
+                   const int i = pooled_sites[k];
+                   if (!IndexSegments(sites[i], site_start[i], site_perm[i], &index[i])) {
+                     bad_segment.store(true);
+                   }
+                 });
+    if (bad_segment.load()) return FirstBadSegment(op, layout, sites);
+    return OkStatus();
+  }
+};
+
 // The address of packed row `offset + id`, computed without forming a pointer (the id
 // may be out of range when only prefetched).
 template <typename T, typename Tid>
@@ -837,37 +885,9 @@ Status RunLookup(OpKernelContext* ctx, const char* op, const PackedLayout& layou
                  const std::vector<int64_t>& dims, const std::vector<RowPlace<T>>& places,
                  int64_t stitched_rows = -1) {
   const int num_sites = layout.size();
-  // Segment indexes of the pooled sites, in two shared buffers.
-  std::vector<int> pooled_sites;
-  int64_t starts_size = 0, perms_size = 0;
-  for (int i = 0; i < num_sites; ++i) {
-    if (!sites[i].pooled) continue;
-    pooled_sites.push_back(i);
-    starts_size += sites[i].num_segments + 1;
-    perms_size += sites[i].n;
-  }
-  std::unique_ptr<int64_t[]> starts(new int64_t[starts_size]);
-  std::unique_ptr<int32_t[]> perms(new int32_t[perms_size]);
-  std::vector<int64_t*> site_start(num_sites);
-  std::vector<int32_t*> site_perm(num_sites);
-  int64_t* next_start = starts.get();
-  int32_t* next_perm = perms.get();
-  for (int i : pooled_sites) {
-    site_start[i] = next_start;
-    site_perm[i] = next_perm;
-    next_start += sites[i].num_segments + 1;
-    next_perm += sites[i].n;
-  }
-  std::vector<SegmentIndex> index(num_sites);
-  std::atomic<bool> bad_segment(false);
-  RunWorkItems(ctx, pooled_sites.size(), starts_size + perms_size >= kMinParallelEntries,
-               [&](int64_t k) {
-                 const int i = pooled_sites[k];
-                 if (!IndexSegments(sites[i], site_start[i], site_perm[i], &index[i])) {
-                   bad_segment.store(true);
-                 }
-               });
-  if (bad_segment.load()) return FirstBadSegment(op, layout, sites);
+  PooledIndexes pooled;
+  TF_RETURN_IF_ERROR(pooled.Build(ctx, op, layout, sites));
+  const std::vector<SegmentIndex>& index = pooled.index;
 
   // Items: ranges of ids (unpooled sites) or of segments (pooled sites, costed by
   // their ids plus their output rows), of similar cost in bytes.
@@ -1004,16 +1024,70 @@ struct StitchLayout {
   template <typename P, typename T, typename Tid>
   Status Place(const char* op, const PackedLayout& layout, int i, const Site<T, Tid>& s,
                int64_t rows, int64_t width, int64_t d, P* base, RowPlace<P>* place) const {
+    TF_RETURN_IF_ERROR(Check(op, layout, i, s, rows, width, d));
+    *place = {base + columns[i], row_blocks[i], width, d};
+    return OkStatus();
+  }
+
+  // Checks that site i (output rows of width d) fits a [rows, width] tensor.
+  template <typename T, typename Tid>
+  Status Check(const char* op, const PackedLayout& layout, int i, const Site<T, Tid>& s,
+               int64_t rows, int64_t width, int64_t d) const {
     if (s.out_rows() != rows * row_blocks[i] || columns[i] + row_blocks[i] * d > width) {
       return errors::InvalidArgument(
           op, ": ", layout.Feature(i), " has ", s.out_rows(), " output rows of width ", d,
           ", which do not fill ", row_blocks[i], " row(s) per row of the stitched [", rows,
           ", ", width, "] tensor from column ", columns[i]);
     }
-    *place = {base + columns[i], row_blocks[i], width, d};
     return OkStatus();
   }
 };
+
+// The sites of a multi-table op (site i reads tables[table_index[i]]) by table: the
+// op's indices of each table's sites, and their layout.
+struct TableSites {
+  std::vector<std::vector<int>> sites;
+  std::vector<PackedLayout> layouts;
+
+  Status Init(const char* op, const PackedLayout& layout, const std::vector<int64_t>& table_index,
+              int64_t num_tables) {
+    sites.assign(num_tables, {});
+    for (int i = 0; i < layout.size(); ++i) {
+      if (table_index[i] < 0 || table_index[i] >= num_tables) {
+        return errors::InvalidArgument(op, ": table_index ", table_index[i], " outside [0, ",
+                                       num_tables, ")");
+      }
+      sites[table_index[i]].push_back(i);
+    }
+    layouts.clear();
+    for (const auto& table : sites) layouts.push_back(layout.Subset(table));
+    return OkStatus();
+  }
+};
+
+// Per site, its table's values and row width, after checking that the table is a
+// matrix holding the site's rows.
+template <typename T>
+Status SiteTables(const char* op, const PackedLayout& layout,
+                  const std::vector<int64_t>& table_index, const OpInputList& tables,
+                  std::vector<const T*>* values, std::vector<int64_t>* dims) {
+  for (int i = 0; i < layout.size(); ++i) {
+    const Tensor& table = tables[table_index[i]];
+    if (!TensorShapeUtils::IsMatrix(table.shape())) {
+      return errors::InvalidArgument(op, ": tables must be matrices; got ",
+                                     table.shape().DebugString());
+    }
+    if (layout.end_row(i) > table.dim_size(0)) {
+      return errors::InvalidArgument(op, ": ", layout.Feature(i), " occupies rows [",
+                                     layout.offsets[i], ", ", layout.end_row(i),
+                                     ") of packed table ", table_index[i], ", which has ",
+                                     table.dim_size(0), " rows");
+    }
+    values->push_back(table.flat<T>().data());
+    dims->push_back(table.dim_size(1));
+  }
+  return OkStatus();
+}
 
 // Looks up sites of several packed tables (site i reads tables[table_index[i]]) and
 // writes them, together with dense inputs copied to their columns, into one [rows,
@@ -1047,22 +1121,10 @@ class StitchedLookupOp : public OpKernel {
     std::vector<Site<T, Tid>> sites;
     OP_REQUIRES_OK(ctx, ReadSites(ctx, kStitchedOp, layout_, &sites));
     const int num_sites = layout_.size();
-    std::vector<const T*> site_tables(num_sites);
-    std::vector<int64_t> dims(num_sites);
-    for (int i = 0; i < num_sites; ++i) {
-      const Tensor& table = tables[table_index_[i]];
-      OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(table.shape()),
-                  errors::InvalidArgument(kStitchedOp, ": tables must be matrices; got ",
-                                          table.shape().DebugString()));
-      OP_REQUIRES(ctx, layout_.end_row(i) <= table.dim_size(0),
-                  errors::InvalidArgument(kStitchedOp, ": ", layout_.Feature(i),
-                                          " occupies rows [", layout_.offsets[i], ", ",
-                                          layout_.end_row(i), ") of packed table ",
-                                          table_index_[i], ", which has ", table.dim_size(0),
-                                          " rows"));
-      site_tables[i] = table.flat<T>().data();
-      dims[i] = table.dim_size(1);
-    }
+    std::vector<const T*> site_tables;
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, SiteTables(kStitchedOp, layout_, table_index_, tables, &site_tables,
+                                   &dims));
     const int64_t rows = sites[0].out_rows() / stitch_.row_blocks[0];
     Tensor* output;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, width_}), &output));
@@ -1263,16 +1325,9 @@ class PackedLookupGradOp : public OpKernel {
       num_rows_ = {num_rows};
       table_index_.assign(n, 0);
     }
-    table_sites_.resize(num_rows_.size());
-    for (int i = 0; i < n; ++i) {
-      OP_REQUIRES(c, table_index_[i] >= 0 && table_index_[i] < num_rows_.size(),
-                  errors::InvalidArgument(kOpName, ": table_index ", table_index_[i],
-                                          " outside [0, ", num_rows_.size(), ")"));
-      table_sites_[table_index_[i]].push_back(i);
-    }
+    OP_REQUIRES_OK(c, by_table_.Init(kOpName, layout_, table_index_, num_rows_.size()));
     for (size_t t = 0; t < num_rows_.size(); ++t) {
-      table_layouts_.push_back(layout_.Subset(table_sites_[t]));
-      OP_REQUIRES_OK(c, table_layouts_.back().CheckRows(kOpName, num_rows_[t]));
+      OP_REQUIRES_OK(c, by_table_.layouts[t].CheckRows(kOpName, num_rows_[t]));
     }
   }
 
@@ -1348,13 +1403,13 @@ class PackedLookupGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
     for (int t = 0; t < num_tables; ++t) {
       TableGrad& table = tables[t];
-      for (int i : table_sites_[t]) {
+      for (int i : by_table_.sites[t]) {
         table.sites.push_back(sites[i]);
         table.grads.push_back(grads[i]);
         table.scales.push_back(scales[i]);
       }
       table.d = dims[t];
-      OP_REQUIRES_OK(ctx, GroupByRow(ctx, kOpName, table_layouts_[t], table.sites, &table.groups));
+      OP_REQUIRES_OK(ctx, GroupByRow(ctx, kOpName, by_table_.layouts[t], table.sites, &table.groups));
       Tensor *unique_rows, *row_grads;
       OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({table.groups.num_unique}),
                                                &unique_rows));
@@ -1464,8 +1519,390 @@ class PackedLookupGradOp : public OpKernel {
   PackedLayout layout_;
   StitchLayout stitch_;
   std::vector<int64_t> table_index_, dims_, num_rows_;
-  std::vector<std::vector<int>> table_sites_;
-  std::vector<PackedLayout> table_layouts_;
+  TableSites by_table_;
+};
+
+// ---------------------------------------------------------------------------------
+// PicassoStitchedProjection
+
+// A stitched lookup that feeds only a narrow MatMul (a logistic regression, the wide
+// part of a model) is folded into it: each output row is the sum over the sites of
+// their rows' dot products with the kernel rows of their columns, so the stitched
+// [rows, width] tensor is never written, nor its gradient read back.
+
+// Outputs of a projection: at most this many (a wider MatMul is better left to BLAS).
+constexpr int64_t kMaxProjectionUnits = 8;
+// The projection's sites are split into at most this many bands (a fixed number, so
+// that its sums do not depend on the number of threads).
+constexpr int kProjectionBands = 8;
+
+// A site's columns of the projection kernel, as the kernels below read them: kt holds
+// the kernel transposed ([units, width]: output p's weights contiguous), and row j of
+// the site's own output meets kernel rows column + (j % blocks) * d onwards.
+template <typename T>
+struct KernelSlice {
+  const T* kt;
+  int64_t width, units, column, blocks;
+
+  // Where output p's weights for row j of the site start, in kt (or in a gradient of
+  // the same layout).
+  int64_t offset(int64_t p, int64_t j, int64_t d) const {
+    return p * width + column + (j % blocks) * d;
+  }
+  const T* weights(int64_t p, int64_t j, int64_t d) const { return kt + offset(p, j, d); }
+};
+
+// The kernel [width, units] transposed to [units, width].
+template <typename T>
+std::vector<T> Transposed(const T* kernel, int64_t width, int64_t units) {
+  std::vector<T> kt(width * units);
+  for (int64_t c = 0; c < width; ++c) {
+    for (int64_t p = 0; p < units; ++p) kt[p * width + c] = kernel[c * units + p];
+  }
+  return kt;
+}
+
+// The scale of a pooled segment of `count` ids (no weights): 1, 1 / count (mean) or
+// 1 / sqrt(count) (sqrtn), 0 for an empty segment, as SegmentScales gives.
+template <typename T>
+T PoolScale(Combiner combiner, int64_t count) {
+  if (combiner == Combiner::kSum) return T(1);
+  const T denominator = combiner == Combiner::kMean ? T(count) : std::sqrt(T(count));
+  return denominator == 0 ? T(0) : T(1) / denominator;
+}
+
+// Adds site s's share of output rows [r0, r1) to y [rows, units]: for each of its
+// rows (pooled: segments) landing there, the row's dot products with the kernel.
+// False on a bad id.
+template <int64_t kD, typename T, typename Tid>
+bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table, int64_t d,
+                 const KernelSlice<T> k, int64_t r0, int64_t r1, T* y) {
+  const T* base = table + s.offset * d;
+  const int64_t row_bytes = d * sizeof(T);
+  const int64_t ahead = PrefetchDistance(row_bytes);
+  const int64_t begin = r0 * k.blocks, end = r1 * k.blocks;
+  T sums[kMaxProjectionUnits];
+  if (!s.pooled) {
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
+      const Tid id = s.ids[j];
+      if (!s.Valid(id)) return false;
+      const T* row = base + static_cast<int64_t>(id) * d;
+      T* out = y + (j / k.blocks) * k.units;
+      for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, k.weights(p, j, d), d);
+    }
+    return true;
+  }
+  auto entry = [&index](int64_t q) -> int64_t { return index.perm ? index.perm[q] : q; };
+  const int64_t q_end = index.start[end];
+  for (int64_t seg = begin; seg < end; ++seg) {
+    std::fill(sums, sums + k.units, T(0));
+    const int64_t first = index.start[seg], last = index.start[seg + 1];
+    for (int64_t q = first; q < last; ++q) {
+      if (q + ahead < q_end) PrefetchBytes(RowAddress(base, s.ids[entry(q + ahead)], d), row_bytes);
+      const Tid id = s.ids[entry(q)];
+      if (!s.Valid(id)) return false;
+      const T* row = base + static_cast<int64_t>(id) * d;
+      for (int64_t p = 0; p < k.units; ++p) sums[p] += DotRow<kD>(row, k.weights(p, seg, d), d);
+    }
+    const T scale = PoolScale<T>(s.combiner, last - first);
+    T* out = y + (seg / k.blocks) * k.units;
+    for (int64_t p = 0; p < k.units; ++p) out[p] += sums[p] * scale;
+  }
+  return true;
+}
+
+// Checks what both projection ops take: no per-id weights, a [width, units] kernel
+// with units <= kMaxProjectionUnits, and sites that fit the stitched columns without
+// overlapping. Returns the rows through *rows (from the sites, or from the gradient).
+template <typename T, typename Tid>
+Status CheckProjection(const char* op, const PackedLayout& layout, const StitchLayout& stitch,
+                       const std::vector<Site<T, Tid>>& sites, const std::vector<int64_t>& dims,
+                       const Tensor& kernel, int64_t width, int64_t rows) {
+  if (!TensorShapeUtils::IsMatrix(kernel.shape()) || kernel.dim_size(0) != width ||
+      kernel.dim_size(1) < 1 || kernel.dim_size(1) > kMaxProjectionUnits) {
+    return errors::InvalidArgument(op, ": kernel must be [width ", width, ", units] with 1 to ",
+                                   kMaxProjectionUnits, " units; got ",
+                                   kernel.shape().DebugString());
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (int i = 0; i < layout.size(); ++i) {
+    if (sites[i].weights) {
+      return errors::InvalidArgument(op, ": ", layout.Feature(i), " has per-id weights, "
+                                     "which a projection does not take (stitch it without)");
+    }
+    TF_RETURN_IF_ERROR(stitch.Check(op, layout, i, sites[i], rows, width, dims[i]));
+    spans.push_back({stitch.columns[i], stitch.columns[i] + stitch.row_blocks[i] * dims[i]});
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    if (spans[k].first < spans[k - 1].second) {
+      return errors::InvalidArgument(op, ": two sites share column ", spans[k].first);
+    }
+  }
+  return OkStatus();
+}
+
+// Reads the attributes both projection ops share.
+struct ProjectionAttrs {
+  PackedLayout layout;
+  StitchLayout stitch;
+  int64_t width = 0;
+  std::vector<int64_t> table_index;
+  TableSites by_table;
+
+  Status Init(OpKernelConstruction* c, const char* op) {
+    TF_RETURN_IF_ERROR(layout.Init(c, /*with_combiners=*/true));
+    TF_RETURN_IF_ERROR(stitch.Init(c, layout.size()));
+    TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+    TF_RETURN_IF_ERROR(c->GetAttr("table_index", &table_index));
+    int num_tables;
+    TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
+    if (table_index.size() != layout.size()) {
+      return errors::InvalidArgument(op, ": table_index needs one entry per site");
+    }
+    return by_table.Init(op, layout, table_index, num_tables);
+  }
+};
+
+// y [rows, units] = the stitched lookup of the sites (never built) times kernel
+// [width, units]; columns no site covers are left to the caller.
+template <typename T, typename Tid>
+class StitchedProjectionOp : public OpKernel {
+ public:
+  explicit StitchedProjectionOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionOp));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const PackedLayout& layout = attrs_.layout;
+    OpInputList tables;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    std::vector<Site<T, Tid>> sites;
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kProjectionOp, layout, &sites));
+    std::vector<const T*> site_tables;
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, SiteTables(kProjectionOp, layout, attrs_.table_index, tables,
+                                   &site_tables, &dims));
+    const Tensor& kernel = ctx->input(ctx->num_inputs() - 1);
+    const int64_t rows = sites[0].out_rows() / attrs_.stitch.row_blocks[0];
+    OP_REQUIRES_OK(ctx, CheckProjection(kProjectionOp, layout, attrs_.stitch, sites, dims,
+                                        kernel, attrs_.width, rows));
+    const int64_t units = kernel.dim_size(1);
+    Tensor* output;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, units}), &output));
+    T* y = output->flat<T>().data();
+    std::fill(y, y + rows * units, T(0));
+    PooledIndexes pooled;
+    OP_REQUIRES_OK(ctx, pooled.Build(ctx, kProjectionOp, layout, sites));
+    const std::vector<T> kt = Transposed(kernel.flat<T>().data(), attrs_.width, units);
+
+    // Sites are walked one at a time (its ids in order, its table's hot rows in cache),
+    // in a fixed number of consecutive bands, each summing into its own partial output;
+    // items are (band, block of rows). The partials are added in band order, so every
+    // sum has one order whatever the threads.
+    const int num_sites = layout.size();
+    const int num_bands = std::min(num_sites, kProjectionBands);
+    int64_t total_bytes = 0;
+    for (int i = 0; i < num_sites; ++i) total_bytes += sites[i].n * dims[i] * sizeof(T);
+    const int64_t blocks_per_band = std::clamp<int64_t>(
+        NumThreads(ctx) * kItemsPerThread / num_bands, 1, std::max<int64_t>(1, rows / 64));
+    const int64_t block = std::max<int64_t>(1, (rows + blocks_per_band - 1) / blocks_per_band);
+    std::vector<T> partials((num_bands - 1) * rows * units, T(0));
+    auto band_output = [&](int b) { return b == 0 ? y : partials.data() + (b - 1) * rows * units; };
+    std::atomic<bool> bad_id(false);
+    RunWorkItems(ctx, num_bands * blocks_per_band, total_bytes >= kMinParallelBytes,
+                 [&](int64_t item) {
+      const int band = static_cast<int>(item / blocks_per_band);
+      const int64_t r0 = (item % blocks_per_band) * block, r1 = std::min(rows, r0 + block);
+      for (int i = band * num_sites / num_bands;
+           i < (band + 1) * num_sites / num_bands && r0 < r1 && !bad_id.load(); ++i) {
+        const KernelSlice<T> k{kt.data(), attrs_.width, units, attrs_.stitch.columns[i],
+                               attrs_.stitch.row_blocks[i]};
+        const bool ok = DispatchDim(dims[i], [&](auto dim) {
+          return ProjectSite<decltype(dim)::value>(sites[i], pooled.index[i], site_tables[i],
+                                                    dims[i], k, r0, r1, band_output(band));
+        });
+        if (!ok) bad_id.store(true);
+      }
+    });
+    OP_REQUIRES(ctx, !bad_id.load(), FirstBadId(kProjectionOp, layout, sites));
+    for (int b = 1; b < num_bands; ++b) {
+      const T* partial = band_output(b);
+      for (int64_t k = 0; k < rows * units; ++k) y[k] += partial[k];
+    }
+  }
+
+ private:
+  ProjectionAttrs attrs_;
+};
+
+// The gradients of a projection from dy [rows, units]: each table's row-sparse
+// gradient and the kernel's. For a site and each unique row u of its cluster, the
+// entries' upstream rows are first summed, s_u = sum of scale * dy[row] (units
+// values), then row u's gradient gains kernel slice * s_u and the kernel slice gains
+// table[u] * s_u: one pass over the ids, then work per unique row only. A cluster is
+// one work item; its sites' kernel columns are its own, so every sum has one order.
+template <int64_t kD, typename T, typename Tid>
+void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
+                        const std::vector<KernelSlice<T>>& slices,
+                        const std::vector<const T*>& scales, const RowClusters::Cluster& c,
+                        const T* table, int64_t d, const T* dy, T* row_grads, T* dkt) {
+  const int64_t num_unique = c.num_unique();
+  const int64_t units = slices.empty() ? 0 : slices[0].units;
+  T* out = row_grads + c.unique_begin * d;
+  std::fill(out, out + num_unique * d, T(0));
+  thread_local std::vector<T> sums;
+  for (size_t k = 0; k < c.sites.size(); ++k) {
+    const int i = c.sites[k];
+    const Site<T, Tid> s = sites[i];
+    const KernelSlice<T> slice = slices[i];
+    const uint32_t* inverse = c.inverse.get() + c.site_begin[k];
+    for (int64_t slot = 0; slot < slice.blocks; ++slot) {
+      sums.assign(num_unique * units, T(0));
+      if (s.pooled) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          const int64_t seg = s.segments[j];
+          if (seg % slice.blocks != slot) continue;
+          const T scale = scales[i] ? scales[i][seg] : T(1);
+          const T* g = dy + (seg / slice.blocks) * units;
+          T* sum = sums.data() + inverse[j] * units;
+          for (int64_t p = 0; p < units; ++p) sum[p] += scale * g[p];
+        }
+      } else {
+        for (int64_t j = slot; j < s.n; j += slice.blocks) {
+          const T* g = dy + (j / slice.blocks) * units;
+          T* sum = sums.data() + inverse[j] * units;
+          for (int64_t p = 0; p < units; ++p) sum[p] += g[p];
+        }
+      }
+      const int64_t ahead = PrefetchDistance(d * sizeof(T));
+      for (int64_t u = 0; u < num_unique; ++u) {
+        if (u + ahead < num_unique) {
+          PrefetchBytes(table + c.rows[u + ahead] * d, d * sizeof(T));
+          PrefetchBytes(out + (u + ahead) * d, d * sizeof(T));
+        }
+        const T* sum = sums.data() + u * units;
+        const T* row = table + c.rows[u] * d;
+        for (int64_t p = 0; p < units; ++p) {
+          if (sum[p] == T(0)) continue;
+          AxpyRow<kD>(out + u * d, slice.weights(p, slot, d), sum[p], d);
+          AxpyRow<kD>(dkt + slice.offset(p, slot, d), row, sum[p], d);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename Tid>
+class StitchedProjectionGradOp : public OpKernel {
+ public:
+  explicit StitchedProjectionGradOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionGradOp));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const PackedLayout& layout = attrs_.layout;
+    const Tensor& dy = ctx->input(0);
+    const Tensor& kernel = ctx->input(1);
+    OpInputList tables;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    std::vector<Site<T, Tid>> sites;
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kProjectionGradOp, layout, &sites));
+    std::vector<const T*> site_tables;
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, SiteTables(kProjectionGradOp, layout, attrs_.table_index, tables,
+                                   &site_tables, &dims));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(dy.shape()) && dy.dim_size(1) == kernel.dim_size(1),
+                errors::InvalidArgument(kProjectionGradOp, ": grad must be [rows, units] with ",
+                                        "the kernel's units; got ", dy.shape().DebugString(),
+                                        " and kernel ", kernel.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckProjection(kProjectionGradOp, layout, attrs_.stitch, sites, dims,
+                                        kernel, attrs_.width, dy.dim_size(0)));
+    const int64_t units = kernel.dim_size(1);
+    const int num_sites = layout.size();
+
+    // Per-segment scales of mean and sqrtn sites (checking the segment ids).
+    std::vector<std::vector<T>> scale_buffers(num_sites);
+    std::vector<const T*> scales(num_sites, nullptr);
+    for (int i = 0; i < num_sites; ++i) {
+      if (!sites[i].pooled) continue;
+      const bool scaled = sites[i].combiner != Combiner::kSum;
+      if (scaled) scale_buffers[i].resize(sites[i].num_segments);
+      OP_REQUIRES(ctx, SegmentScales(sites[i], scaled ? scale_buffers[i].data() : nullptr),
+                  FirstBadSegment(kProjectionGradOp, layout, sites));
+      if (scaled) scales[i] = scale_buffers[i].data();
+    }
+    const std::vector<T> kt = Transposed(kernel.flat<T>().data(), attrs_.width, units);
+    std::vector<T> dkt(units * attrs_.width, T(0));
+
+    // Each table's entries grouped by row.
+    const int num_tables = static_cast<int>(attrs_.by_table.sites.size());
+    struct TableGrad {
+      std::vector<Site<T, Tid>> sites;
+      std::vector<KernelSlice<T>> slices;
+      std::vector<const T*> scales;
+      RowClusters groups;
+      const T* values = nullptr;
+      T* out = nullptr;
+      int64_t d = 0;
+    };
+    std::vector<TableGrad> grads(num_tables);
+    OpOutputList unique_list, grads_list;
+    OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
+    OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
+    std::vector<std::pair<int, int>> items;  // (table, cluster)
+    for (int t = 0; t < num_tables; ++t) {
+      TableGrad& g = grads[t];
+      g.values = tables[t].flat<T>().data();
+      g.d = tables[t].dim_size(1);
+      for (int i : attrs_.by_table.sites[t]) {
+        g.sites.push_back(sites[i]);
+        g.slices.push_back({kt.data(), attrs_.width, units, attrs_.stitch.columns[i],
+                            attrs_.stitch.row_blocks[i]});
+        g.scales.push_back(scales[i]);
+      }
+      OP_REQUIRES_OK(ctx, GroupByRow(ctx, kProjectionGradOp, attrs_.by_table.layouts[t],
+                                     g.sites, &g.groups));
+      Tensor *unique_rows, *row_grads;
+      OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({g.groups.num_unique}),
+                                               &unique_rows));
+      OP_REQUIRES_OK(ctx, grads_list.allocate(t, TensorShape({g.groups.num_unique, g.d}),
+                                              &row_grads));
+      int64_t* rows = unique_rows->flat<int64_t>().data();
+      for (const auto& c : g.groups.clusters) {
+        std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
+      }
+      g.out = row_grads->flat<T>().data();
+      for (int k = 0; k < static_cast<int>(g.groups.clusters.size()); ++k) items.push_back({t, k});
+    }
+    auto cost = [&](const std::pair<int, int>& item) {
+      const auto& c = grads[item.first].groups.clusters[item.second];
+      return c.num_entries() + c.num_unique() * grads[item.first].d;
+    };
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
+    int64_t total = 0;
+    for (const auto& item : items) total += cost(item);
+    RunWorkItems(ctx, items.size(), total * sizeof(T) >= kMinParallelBytes, [&](int64_t k) {
+      const TableGrad& g = grads[items[k].first];
+      DispatchDim(g.d, [&](auto dim) {
+        ProjectClusterGrad<decltype(dim)::value>(g.sites, g.slices, g.scales,
+                                                 g.groups.clusters[items[k].second], g.values,
+                                                 g.d, dy.flat<T>().data(), g.out, dkt.data());
+      });
+    });
+
+    Tensor* kernel_grad;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("kernel_grad", kernel.shape(), &kernel_grad));
+    T* dk = kernel_grad->flat<T>().data();
+    for (int64_t c = 0; c < attrs_.width; ++c) {
+      for (int64_t p = 0; p < units; ++p) dk[c * units + p] = dkt[p * attrs_.width + c];
+    }
+  }
+
+ private:
+  ProjectionAttrs attrs_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -1523,6 +1960,26 @@ Status StitchedLookupGradShape(InferenceContext* c) {
     c->set_output(t, c->Vector(InferenceContext::kUnknownDim));
     c->set_output(dims.size() + t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
   }
+  return OkStatus();
+}
+
+Status ProjectionShape(InferenceContext* c) {
+  ShapeHandle kernel;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(c->num_inputs() - 1), 2, &kernel));
+  c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, c->Dim(kernel, 1)));
+  return OkStatus();
+}
+
+Status ProjectionGradShape(InferenceContext* c) {
+  int num_tables;
+  TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
+  for (int t = 0; t < num_tables; ++t) {
+    ShapeHandle table;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 + t), 2, &table));
+    c->set_output(t, c->Vector(InferenceContext::kUnknownDim));
+    c->set_output(num_tables + t, c->Matrix(InferenceContext::kUnknownDim, c->Dim(table, 1)));
+  }
+  c->set_output(2 * num_tables, c->input(1));
   return OkStatus();
 }
 
@@ -1664,6 +2121,64 @@ from the gradient of its output, whose columns hold the sites' gradients, read i
 place. Per table, like PicassoPackedLookupGrad: ascending unique rows, summed rows.
 )doc");
 
+REGISTER_OP("PicassoStitchedProjection")
+    .Input("tables: G * T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("kernel: T")
+    .Output("output: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(ProjectionShape)
+    .Doc(R"doc(
+The product of a stitched lookup (as PicassoStitchedLookup lays out its sites, in
+columns of a [rows, width] tensor) with kernel [width, units], units <= 8, without
+building the lookup: output [rows, units]. Columns no site covers contribute
+nothing. Sites take no per-id weights.
+)doc");
+
+REGISTER_OP("PicassoStitchedProjectionGrad")
+    .Input("grad: T")
+    .Input("kernel: T")
+    .Input("tables: G * T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Output("unique_rows: G * int64")
+    .Output("row_grads: G * T")
+    .Output("kernel_grad: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(ProjectionGradShape)
+    .Doc(R"doc(
+The gradients of PicassoStitchedProjection from that of its output: per table,
+ascending unique rows and their summed gradient rows; and the kernel's gradient
+(zero in the columns no site covers).
+)doc");
+
 #define REGISTER_PACKED_LOOKUP(T, Tid)                                                   \
   REGISTER_KERNEL_BUILDER(Name("PicassoPackedLookup")                                    \
                               .Device(DEVICE_CPU)                                        \
@@ -1684,7 +2199,17 @@ place. Per table, like PicassoPackedLookupGrad: ascending unique rows, summed ro
                               .Device(DEVICE_CPU)                                        \
                               .TypeConstraint<T>("T")                                    \
                               .TypeConstraint<Tid>("Tid"),                               \
-                          PackedLookupGradOp<T, Tid, true>);
+                          PackedLookupGradOp<T, Tid, true>);                             \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjection")                              \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedProjectionOp<T, Tid>);                                 \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjectionGrad")                          \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedProjectionGradOp<T, Tid>);
 REGISTER_PACKED_LOOKUP(float, int32_t)
 REGISTER_PACKED_LOOKUP(float, int64_t)
 REGISTER_PACKED_LOOKUP(double, int32_t)

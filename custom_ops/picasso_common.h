@@ -100,6 +100,12 @@ inline void AxpyRow(T* dst, const T* src, T a, int64_t d) {
   Row<kD, T>(dst, kD ? kD : d) += a * ConstRow<kD, T>(src, kD ? kD : d);
 }
 
+// sum of a[k] * b[k] for k in [0, d)
+template <int64_t kD, typename T>
+inline T DotRow(const T* a, const T* b, int64_t d) {
+  return (ConstRow<kD, T>(a, kD ? kD : d) * ConstRow<kD, T>(b, kD ? kD : d)).sum();
+}
+
 // Asks the CPU to start loading the cache lines of the `bytes` bytes at p (a row
 // that is read soon). Only a hint: p need not be a valid address.
 inline void PrefetchBytes(const void* p, int64_t bytes) {

@@ -1,0 +1,52 @@
+"""Stitched projections: a stitched lookup multiplied by a narrow kernel, fused.
+
+When a model's concatenation of embeddings feeds only a MatMul with a few output
+units (a logistic regression over hundreds of fields, the wide part of a model),
+building the [rows, width] concatenation costs more than the product itself: it is
+written once, read by the MatMul, and its gradient (as wide) is written and read
+back. ``stitched_projection`` computes ``stitched_lookup(...) @ kernel`` from the
+tables' rows directly, and its gradient gives every table its row-sparse gradient
+and the kernel its gradient without either wide tensor.
+
+Sites are laid out as in ``stitched_lookup`` (``columns``, ``row_blocks``); columns
+that no site covers (dense inputs of the concatenation) contribute nothing here:
+the caller adds their products. Sites take no per-id weights.
+"""
+import tensorflow as tf
+
+from picasso_tf.ops.packed_lookup import _ops, lookup_attrs, row_sparse_gradient, site_inputs
+
+MAX_UNITS = 8   # kMaxProjectionUnits in the kernel: wider MatMuls are left to BLAS
+
+
+def stitched_projection(tables, ids_list, segment_ids_list=None, num_segments_list=None, *,
+                        kernel, table_index, columns, row_blocks, width, offsets, vocab_sizes,
+                        combiners, feature_names, name=None):
+    """[rows, units]: the stitched lookup of the sites times ``kernel`` [width, units]."""
+    tables = [tf.convert_to_tensor(t) for t in tables]
+    ids, segment_ids, weights, num_segments = site_inputs(
+        tables[0].dtype, ids_list, segment_ids_list, None, num_segments_list,
+        offsets=offsets, vocab_sizes=vocab_sizes, combiners=combiners,
+        feature_names=feature_names, op_name="stitched_projection")
+    return _ops().picasso_stitched_projection(
+        tables=tables, ids=ids, segment_ids=segment_ids, weights=weights,
+        num_segments=num_segments, kernel=tf.convert_to_tensor(kernel, tables[0].dtype),
+        width=width, table_index=list(table_index), columns=list(columns),
+        row_blocks=list(row_blocks), offsets=list(offsets), vocab_sizes=list(vocab_sizes),
+        combiners=list(combiners), feature_names=list(feature_names), name=name)
+
+
+@tf.RegisterGradient("PicassoStitchedProjection")
+def _stitched_projection_gradient(op, grad):
+    g, n = op.get_attr("G"), op.get_attr("N")
+    tables = op.inputs[:g]
+    per_site = op.inputs[g:g + 4 * n]   # ids, segment_ids, weights, num_segments
+    kernel = op.inputs[-1]
+    unique_rows, row_grads, kernel_grad = _ops().picasso_stitched_projection_grad(
+        grad=grad, kernel=kernel, tables=tables, ids=per_site[:n], segment_ids=per_site[n:2 * n],
+        weights=per_site[2 * n:3 * n], num_segments=per_site[3 * n:], width=op.get_attr("width"),
+        table_index=op.get_attr("table_index"), columns=op.get_attr("columns"),
+        row_blocks=op.get_attr("row_blocks"), **lookup_attrs(op))
+    table_grads = [row_sparse_gradient(t, rows, values)
+                   for t, rows, values in zip(tables, unique_rows, row_grads)]
+    return table_grads + [None] * (4 * n) + [kernel_grad]
