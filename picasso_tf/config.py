@@ -20,6 +20,10 @@ class Config:
     stitching: where the model concatenates (or stacks) lookup outputs, have K-packing
       write them straight into the concatenation's layout, so that neither the
       concatenation nor the split of its gradient copies them.
+    projection: where such a concatenation only feeds a MatMul with at most 8 output
+      units (a logistic regression, a wide part), compute the product from the tables'
+      rows directly, so that the concatenation and its gradient are never built (sums
+      then run in another order than the MatMul's: equal up to rounding).
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
@@ -38,6 +42,7 @@ class Config:
     d_packing: bool = True
     k_packing: bool = True
     stitching: bool = True
+    projection: bool = True
     shard_heavy_groups: bool = True
     max_shards: int = 4
     warmup_batches: int = 8

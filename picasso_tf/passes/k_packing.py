@@ -1,7 +1,9 @@
 """K-packing (paper §III-B): replace each packed group's per-feature op chains by one
 fused lookup kernel reading the group's packed table. Sites whose outputs the model
 only concatenates are looked up straight into the concatenation instead, by one
-stitched kernel per concatenation reading every packed table involved (stitching.py).
+stitched kernel per concatenation reading every packed table involved (stitching.py);
+where the concatenation only feeds a narrow MatMul, that kernel computes the product
+without building the concatenation (a stitched projection).
 
 The new ops are built with TensorFlow's Python API in a scratch graph holding the
 original GraphDef, so that attributes and shapes come from the op definitions; the
@@ -49,7 +51,7 @@ def k_packing(state, config):
     scratch = tf.Graph()
     edits = _Edits()
     with scratch.as_default():
-        _import_with_table_shapes(captured.graph_def, analysis.tables, edits)
+        _import_with_variable_shapes(captured.graph_def, captured.variables, edits)
         stitches = find_stitches(scratch, analysis.sites) if config.stitching else []
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
         values, slot_of, fused = {}, {}, []
@@ -61,7 +63,7 @@ def k_packing(state, config):
                                                     feature_names, edits)
                 slot_of.update({id(site): (group, slot) for slot, site in members})
                 fused.append({"group": group.name, "sites": len(members), "tables": len(group.slots)})
-        stitched = [_rewrite_stitch(scratch, stitch, values, slot_of, feature_names, edits)
+        stitched = [_rewrite_stitch(scratch, stitch, values, slot_of, feature_names, edits, config.projection)
                     for stitch in stitches]
         graph_def = scratch.as_graph_def()
 
@@ -89,13 +91,14 @@ class _Edits:
     captures: dict = dataclasses.field(default_factory=dict)
 
 
-def _import_with_table_shapes(graph_def, tables, edits):
-    """Imports graph_def into the default graph with each table's placeholder fed by one
-    that carries the variable's shape and dtype, so that the imported lookups have
-    static shapes (stitching needs them). The stand-ins are mapped back on rewiring."""
+def _import_with_variable_shapes(graph_def, variables, edits):
+    """Imports graph_def into the default graph with each variable's placeholder fed by
+    one that carries the variable's shape and dtype, so that the imported lookups (and
+    the kernels reading them) have static shapes: stitching needs them. The stand-ins
+    are mapped back on rewiring."""
     input_map = {}
-    for placeholder, variable in tables.items():
-        typed = tf.compat.v1.placeholder(tf.resource, [], name="picasso/typed_table")
+    for placeholder, variable in variables.items():
+        typed = tf.compat.v1.placeholder(tf.resource, [], name="picasso/typed_variable")
         handle_data_util.copy_handle_data(variable.handle, typed)
         input_map[placeholder] = typed
         edits.replacements[canonical(typed.name)] = placeholder
@@ -125,21 +128,28 @@ def _rewrite_group(graph, group, table, analysis, own, feature_names, edits):
     return value
 
 
-def _rewrite_stitch(graph, stitch, values, slot_of, feature_names, edits):
-    """Replaces the concatenations of a stitch by (reshapes of) one stitched lookup;
-    returns the stitch's report entry."""
-    out = _stitched_lookup(graph, stitch, values, slot_of, feature_names)
-    for concat in stitch.outputs:
-        shaped = out
-        if concat.shape != [-1, stitch.width]:
-            with tf.name_scope("picasso/stitched/"):
-                shaped = tf.reshape(out, concat.shape)
-        edits.replacements[concat.tensor] = canonical(shaped.name)
-        edits.removed.add(concat.node)
+def _rewrite_stitch(graph, stitch, values, slot_of, feature_names, edits, projection):
+    """Replaces the concatenations of a stitch by (reshapes of) one stitched lookup, or
+    the stitch's narrow MatMul by a stitched projection; returns the report entry."""
+    layout = _StitchLayout(graph, stitch, values, slot_of, feature_names)
+    projected = stitch.projection if projection else None
+    if projected:
+        edits.replacements[projected.tensor] = canonical(layout.projection(projected.kernel).name)
+        edits.removed.add(projected.node)
+    else:
+        out = layout.lookup()
+        for concat in stitch.outputs:
+            shaped = out
+            if concat.shape != [-1, stitch.width]:
+                with tf.name_scope("picasso/stitched/"):
+                    shaped = tf.reshape(out, concat.shape)
+            edits.replacements[concat.tensor] = canonical(shaped.name)
+    edits.removed.update(concat.node for concat in stitch.outputs)
     for part in stitch.parts:
         edits.removed.update(part.chain + (part.site.chain if part.site else []))
     return {"concat": [c.node for c in stitch.outputs], "sites": len(stitch.sites), "width": stitch.width,
-            "copied_inputs": len(stitch.parts) - len(stitch.sites)}
+            "copied_inputs": len(stitch.parts) - len(stitch.sites),
+            "projection": projected.node if projected else None}
 
 
 def _one_site_per_table(analysis):
@@ -178,30 +188,53 @@ def _fused_lookup(graph, group, value, members, feature_names):
         return lookup_ops.packed_lookup(value, **_site_args(graph, members, group.dtype, feature_names))
 
 
-def _stitched_lookup(graph, stitch, values, slot_of, feature_names):
-    """PicassoStitchedLookup of a stitch: [rows, width]."""
-    from picasso_tf.ops import stitched_lookup as stitch_ops
-    groups, members, table_index, columns, row_blocks, dense, dense_columns = [], [], [], [], [], [], []
-    column = 0
-    for part in stitch.parts:
-        if part.site is None:
-            dense.append(graph.get_tensor_by_name(part.tensor))
-            dense_columns.append(column)
-        else:
-            group, slot = slot_of[id(part.site)]
-            if group.name not in [g.name for g in groups]:
-                groups.append(group)
-            members.append((slot, part.site))
-            table_index.append([g.name for g in groups].index(group.name))
-            columns.append(column)
-            row_blocks.append(part.inner // part.site.dim)
-        column += part.inner
-    dtype = groups[0].dtype
-    with tf.name_scope("picasso/stitched/"):
-        return stitch_ops.stitched_lookup(
-            [values[g.name] for g in groups], dense_list=dense, table_index=table_index,
-            columns=columns, row_blocks=row_blocks, dense_columns=dense_columns,
-            width=stitch.width, **_site_args(graph, members, dtype, feature_names))
+class _StitchLayout:
+    """Where a stitch's parts go: its packed tables, its sites' columns and row blocks,
+    and its other inputs (dense, copied in) with their columns."""
+
+    def __init__(self, graph, stitch, values, slot_of, feature_names):
+        self.width = stitch.width
+        groups, members, self.table_index, self.columns, self.row_blocks = [], [], [], [], []
+        self.dense = []   # (tensor, first column, columns)
+        column = 0
+        for part in stitch.parts:
+            if part.site is None:
+                self.dense.append((graph.get_tensor_by_name(part.tensor), column, part.inner))
+            else:
+                group, slot = slot_of[id(part.site)]
+                if group.name not in [g.name for g in groups]:
+                    groups.append(group)
+                members.append((slot, part.site))
+                self.table_index.append([g.name for g in groups].index(group.name))
+                self.columns.append(column)
+                self.row_blocks.append(part.inner // part.site.dim)
+            column += part.inner
+        self.graph = graph
+        self.tables = [values[g.name] for g in groups]
+        self.site_args = _site_args(graph, members, groups[0].dtype, feature_names)
+
+    def lookup(self):
+        """PicassoStitchedLookup: the [rows, width] concatenation."""
+        from picasso_tf.ops import stitched_lookup as stitch_ops
+        with tf.name_scope("picasso/stitched/"):
+            return stitch_ops.stitched_lookup(
+                self.tables, dense_list=[d for d, _, _ in self.dense], table_index=self.table_index,
+                columns=self.columns, row_blocks=self.row_blocks,
+                dense_columns=[c for _, c, _ in self.dense], width=self.width, **self.site_args)
+
+    def projection(self, kernel_name):
+        """The concatenation times the kernel: PicassoStitchedProjection of the sites,
+        plus a MatMul per other input with its rows of the kernel."""
+        from picasso_tf.ops import stitched_projection as projection_ops
+        kernel = self.graph.get_tensor_by_name(kernel_name)
+        args = {k: v for k, v in self.site_args.items() if k != "weights_list"}
+        with tf.name_scope("picasso/projected/"):
+            out = projection_ops.stitched_projection(
+                self.tables, kernel=kernel, table_index=self.table_index, columns=self.columns,
+                row_blocks=self.row_blocks, width=self.width, **args)
+            for tensor, column, inner in self.dense:
+                out += tf.matmul(tf.reshape(tensor, [-1, inner]), kernel[column:column + inner])
+            return out
 
 
 def _dense_reads_of(analysis, variable):

@@ -13,12 +13,18 @@ Other inputs (dense features, sites used elsewhere too) are copied in by the ker
 Twin concatenations, with the same inputs giving the same columns (DeepFM's FM part
 stacks the embeddings that its deep part concatenates flat: the same memory layout),
 share one stitched lookup: each takes its own reshape of it.
+
+A concatenation whose only use is a narrow MatMul (a logistic regression, a wide
+part: at most MAX_UNITS outputs) is noted as the stitch's projection, which K-packing
+can fold into the lookup (picasso_tf.ops.stitched_projection).
 """
 import dataclasses
 import math
 from typing import List, Optional
 
 import tensorflow as tf
+
+from picasso_tf.ops.stitched_projection import MAX_UNITS
 
 # Ops that only reshape their first input.
 _RESHAPES = {"Reshape", "ExpandDims", "Squeeze", "Identity"}
@@ -40,9 +46,17 @@ class StitchOutput:
 
 
 @dataclasses.dataclass
+class StitchProjection:
+    node: str                   # the MatMul that is the concatenation's only use
+    tensor: str                 # its output
+    kernel: str                 # its [width, units] second input
+
+
+@dataclasses.dataclass
 class Stitch:
     outputs: List[StitchOutput]   # the concatenations (twins) it replaces
     parts: List[StitchPart]
+    projection: Optional[StitchProjection] = None
 
     @property
     def width(self):
@@ -101,7 +115,30 @@ def find_stitches(graph, sites):
         for part in stitch.parts:
             if part.site is not None and len(per_table[part.site.table]) > 1:
                 part.site, part.chain = None, []
-    return [s for s in stitches if s.sites]
+    stitches = [s for s in stitches if s.sites]
+    for stitch in stitches:
+        stitch.projection = _projection_of(graph, stitch)
+    return stitches
+
+
+def _projection_of(graph, stitch):
+    """The stitch's narrow MatMul, if its one concatenation feeds nothing else and no
+    site has per-id weights (the projection kernel takes none)."""
+    if len(stitch.outputs) != 1 or stitch.outputs[0].shape[1:] != [stitch.width] or any(
+            site.weights for site in stitch.sites):
+        return None
+    tensor = graph.get_tensor_by_name(stitch.outputs[0].tensor)
+    consumers = tensor.consumers()
+    if len(consumers) != 1 or consumers[0].type != "MatMul" or consumers[0]._control_outputs:
+        return None
+    matmul = consumers[0]
+    kernel = matmul.inputs[1]
+    units = kernel.shape[1] if kernel.shape.rank == 2 and kernel.shape[0] == stitch.width else None
+    if (matmul.get_attr("transpose_a") or matmul.get_attr("transpose_b") or
+            matmul.inputs[0].name != tensor.name or kernel.name == tensor.name or
+            units is None or not 1 <= units <= MAX_UNITS):
+        return None
+    return StitchProjection(matmul.name, matmul.outputs[0].name, kernel.name)
 
 
 def _stitch_of(node, reaches):
