@@ -41,8 +41,10 @@ def test_profile_reports_before_and_after_and_writes_artefacts(tmp_path):
     ops = report["ops"]
     assert ops["forward_baseline"]["by_op"]["ResourceGather"] == 6
     assert "ResourceGather" not in ops["forward_picasso"]["by_op"]
-    # Both packed groups' lookups are stitched into the model's concatenation: one op.
-    assert ops["forward_picasso"]["by_op"]["PicassoStitchedLookup"] == 1
+    # Both packed groups' lookups are stitched into the model's concatenation, which
+    # only feeds the Dense(1): one op computes the Dense's product from the rows.
+    assert ops["forward_picasso"]["by_op"]["PicassoStitchedProjection"] == 1
+    assert "MatMul" not in ops["forward_picasso"]["by_op"]
     assert "ConcatV2" not in ops["forward_picasso"]["by_op"] and report["packed_groups"] == 2
     assert report["embedding_sites"] == 6
     assert ops["step_picasso"]["total"] < ops["step_baseline"]["total"]

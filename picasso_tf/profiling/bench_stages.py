@@ -5,15 +5,17 @@ is taken apart: each stage is its own tf.function on the stage's real inputs (th
 benchmark's ids, the previous stage's outputs), and the stages are run in turn,
 interleaved, `repeats` times after warm-up; medians and quartiles are reported.
 
-picasso_tf path (packed groups exactly as the PicassoModel's plan made them):
-  lookup      PicassoStitchedLookup: every group's rows written straight into the
-              model's concatenation [B, sum(dims)]
-  dense       the sigmoid unit forward + backward, including the input gradient dx
-  grad        PicassoStitchedLookupGrad: every group's deduplicated, summed rows,
-              read from dx by column
+picasso_tf path (packed groups exactly as the PicassoModel's plan made them; the
+sigmoid unit's MatMul folded into the lookup, as K-packing does for a narrow Dense):
+  projection  PicassoStitchedProjection: the logits from every group's rows and the
+              unit's weights, without building the concatenation [B, sum(dims)]
+  loss        the sigmoid and the loss, forward + backward to the logits
+  grad        PicassoStitchedProjectionGrad: every group's deduplicated, summed rows
+              and the unit's weight gradient, from the logits' gradient
   apply       PicassoSparseApplyAdagrad, one per group
 stock path (what Keras does per field): ResourceGather per field, ConcatV2 of the
-  per-field outputs (the model's Concatenate), the same dense stage, SplitV of dx (the
+  per-field outputs (the model's Concatenate), the dense stage (the sigmoid unit
+  forward + backward, including the input gradient dx), SplitV of dx (the
   Concatenate's gradient), Keras Adagrad's _deduplicate_sparse_grad (Unique +
   UnsortedSegmentSum) and update (two scatters and a gather) per field.
 bound: the dense stage without dx (a model whose input is the [B, sum(dims)] tensor).
@@ -41,7 +43,7 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
                 learning_rate=0.01, epsilon=1e-7):
     """{stage: {"ms": median, "q1", "q3"}} plus "unique_rows" and "groups"."""
     from picasso_tf.ops import sparse_apply
-    from picasso_tf.ops.stitched_lookup import stitched_lookup
+    from picasso_tf.ops.stitched_projection import stitched_projection
 
     fields = list(schema.categorical)
     dims = [f.embedding_dim for f in fields]
@@ -58,19 +60,28 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
         for i, offset in zip(members, group_offsets):
             table_index[i], offsets[i] = g, offset
 
-    def stitched(values):
-        return stitched_lookup(values, ids, table_index=table_index,
-                               columns=np.concatenate([[0], np.cumsum(dims)[:-1]]).tolist(),
-                               row_blocks=[1] * len(fields), width=sum(dims), offsets=offsets,
-                               vocab_sizes=[f.vocab_size for f in fields], combiners=["none"] * len(fields),
-                               feature_names=[f.name for f in fields])
+    def projected(values, kernel):
+        return stitched_projection(values, ids, kernel=kernel, table_index=table_index,
+                                   columns=np.concatenate([[0], np.cumsum(dims)[:-1]]).tolist(),
+                                   row_blocks=[1] * len(fields), width=sum(dims), offsets=offsets,
+                                   vocab_sizes=[f.vocab_size for f in fields], combiners=["none"] * len(fields),
+                                   feature_names=[f.name for f in fields])
 
-    lookup = tf.function(lambda: stitched([t.read_value() for t in packed]))
+    project = tf.function(lambda: projected([t.read_value() for t in packed], weights.read_value()))
     concat = tf.function(lambda xs: tf.concat(xs, 1))
 
+    def loss_of_logits(logits):
+        return tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, tf.sigmoid(logits)))
+
     def loss_of(x):
-        p = tf.sigmoid(x @ weights)
-        return tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, p))
+        return loss_of_logits(x @ weights)
+
+    @tf.function
+    def head(logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            loss = loss_of_logits(logits)
+        return tape.gradient(loss, logits)
 
     @tf.function
     def dense(x):
@@ -88,9 +99,10 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
     split = tf.function(lambda g: tf.split(g, dims, axis=1))
 
     @tf.function
-    def grad(dx):
-        values = [t.read_value() for t in packed]
-        return [(g.indices, g.values) for g in tf.gradients(stitched(values), values, grad_ys=dx)]
+    def grad(dy):
+        values, kernel = [t.read_value() for t in packed], weights.read_value()
+        grads = tf.gradients(projected(values, kernel), values + [kernel], grad_ys=dy)
+        return [(g.indices, g.values) for g in grads[:-1]], grads[-1]
 
     @tf.function
     def apply(grads):
@@ -119,16 +131,19 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
         with tf.control_dependencies(ops):
             return tf.constant(0)
 
-    x = lookup()
+    outs = stock_lookup()
+    x = concat(outs)
     dx, _ = dense(x)
     pieces = split(dx)
-    grads = grad(dx)
-    outs = stock_lookup()
+    logits = project()
+    dy = head(logits)
+    grads, _ = grad(dy)
     stages = {
-        "picasso: lookup (PicassoStitchedLookup)": lambda: lookup(),
-        "dense: forward + backward incl. dx": lambda: dense(x),
-        "picasso: lookup grad (PicassoStitchedLookupGrad)": lambda: grad(dx),
+        "picasso: projection (PicassoStitchedProjection)": lambda: project(),
+        "picasso: loss forward + backward": lambda: head(logits),
+        "picasso: projection grad (PicassoStitchedProjectionGrad)": lambda: grad(dy),
         "picasso: apply (PicassoSparseApplyAdagrad)": lambda: apply(grads),
+        "stock: dense forward + backward incl. dx": lambda: dense(x),
         "bound: dense forward + backward, no dx": lambda: dense_bound(x),
         "stock: lookup (ResourceGather per field)": lambda: stock_lookup(),
         "stock: concat (ConcatV2)": lambda: concat(outs),
@@ -150,8 +165,8 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
     for name, samples in times.items():
         q1, med, q3 = np.percentile(samples, [25, 50, 75]) * 1e3
         out["stages"][name] = {"ms": float(med), "q1": float(q1), "q3": float(q3)}
-    picasso = [k for k in out["stages"] if k.startswith("picasso") or k.startswith("dense")]
-    stock = [k for k in out["stages"] if k.startswith("stock")] + ["dense: forward + backward incl. dx"]
+    picasso = [k for k in out["stages"] if k.startswith("picasso")]
+    stock = [k for k in out["stages"] if k.startswith("stock")]
     out["picasso_sum_ms"] = statistics.fsum(out["stages"][k]["ms"] for k in picasso)
     out["stock_sum_ms"] = statistics.fsum(out["stages"][k]["ms"] for k in stock)
     out["bound_ms"] = out["stages"]["bound: dense forward + backward, no dx"]["ms"]
