@@ -7,18 +7,11 @@ import tensorflow as tf
 from picasso_tf.ops.library import load
 from picasso_tf.ops.stitched_lookup import stitched_lookup
 from picasso_tf.ops.stitched_projection import stitched_projection
-from test_ops_stitched_lookup import make_stitch
+from test_ops_stitched_lookup import SPECS as LOOKUP_SPECS, make_stitch
 
-SPECS = [
-    # table, vocab, combiner, row_blocks, weighted (a projection takes no weights)
-    (0, 50, "none", 1, False),
-    (1, 30, "none", 3, False),     # a sequence of 3 ids flattened into the row
-    (0, 40, "mean", 1, False),     # pooled, unsorted segments, some empty
-    (2, 7, "none", 1, False),      # heavy duplicates
-    (1, 60, "sum", 1, False),
-    (0, 20, "none", 2, False),     # table 0 again: one gradient for its three sites
-    (2, 90, "sqrtn", 1, False),
-]
+# The stitched lookup's sites without their weights (a projection takes none): one-hot,
+# a 3-id sequence, pooled mean/sum/sqrtn with unsorted segments, three sites of one table.
+SPECS = [(table, vocab, combiner, blocks, False) for table, vocab, combiner, blocks, _ in LOOKUP_SPECS]
 DENSE = {0: 3, 4: 2}               # columns no site covers: left to the caller
 
 
