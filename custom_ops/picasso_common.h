@@ -100,10 +100,21 @@ inline void AxpyRow(T* dst, const T* src, T a, int64_t d) {
   Row<kD, T>(dst, kD ? kD : d) += a * ConstRow<kD, T>(src, kD ? kD : d);
 }
 
-// sum of a[k] * b[k] for k in [0, d)
+// sum of a[k] * b[k] for k in [0, d), in 8 interleaved partial sums (which the
+// compiler keeps in one vector register) added up at the end.
 template <int64_t kD, typename T>
 inline T DotRow(const T* a, const T* b, int64_t d) {
-  return (ConstRow<kD, T>(a, kD ? kD : d) * ConstRow<kD, T>(b, kD ? kD : d)).sum();
+  constexpr int kLanes = 8;
+  const int64_t n = kD ? kD : d;
+  const int64_t full = n / kLanes * kLanes;
+  T partial[kLanes] = {};
+  for (int64_t k = 0; k < full; k += kLanes) {
+    for (int l = 0; l < kLanes; ++l) partial[l] += a[k + l] * b[k + l];
+  }
+  T sum = 0;
+  for (int l = 0; l < kLanes; ++l) sum += partial[l];
+  for (int64_t k = full; k < n; ++k) sum += a[k] * b[k];
+  return sum;
 }
 
 // Asks the CPU to start loading the cache lines of the `bytes` bytes at p (a row
