@@ -101,7 +101,7 @@ inline void AxpyRow(T* dst, const T* src, T a, int64_t d) {
 }
 
 // sum of a[k] * b[k] for k in [0, d), in 8 interleaved partial sums (which the
-// compiler keeps in one vector register) added up at the end.
+// compiler keeps in one vector register) added up pairwise at the end.
 template <int64_t kD, typename T>
 inline T DotRow(const T* a, const T* b, int64_t d) {
   constexpr int kLanes = 8;
@@ -111,8 +111,10 @@ inline T DotRow(const T* a, const T* b, int64_t d) {
   for (int64_t k = 0; k < full; k += kLanes) {
     for (int l = 0; l < kLanes; ++l) partial[l] += a[k + l] * b[k + l];
   }
-  T sum = 0;
-  for (int l = 0; l < kLanes; ++l) sum += partial[l];
+  for (int half = kLanes / 2; half > 0; half /= 2) {
+    for (int l = 0; l < half; ++l) partial[l] += partial[l + half];
+  }
+  T sum = partial[0];
   for (int64_t k = full; k < n; ++k) sum += a[k] * b[k];
   return sum;
 }
