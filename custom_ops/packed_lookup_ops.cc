@@ -25,6 +25,8 @@
 // time (picasso_common.h). Ids are checked inside the hot loops; when one is bad, a
 // sequential re-scan finds the first bad value in input order for the error message.
 
+#define EIGEN_USE_THREADS  // before any Eigen header: variable updates run on the CPU device
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "picasso_common.h"
+#include "sparse_updates.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -45,13 +48,13 @@
 namespace tensorflow {
 namespace {
 
-using picasso::AxpyRow;
-using picasso::CopyRow;
-using picasso::DispatchDim;
-using picasso::DotRow;
-using picasso::PrefetchBytes;
-using picasso::RunWorkItems;
-using picasso::ScaleRow;
+using ::picasso::AxpyRow;
+using ::picasso::CopyRow;
+using ::picasso::DispatchDim;
+using ::picasso::DotRow;
+using ::picasso::PrefetchBytes;
+using ::picasso::RunWorkItems;
+using ::picasso::ScaleRow;
 using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
@@ -85,6 +88,7 @@ constexpr char kStitchedOp[] = "PicassoStitchedLookup";
 constexpr char kStitchedGradOp[] = "PicassoStitchedLookupGrad";
 constexpr char kProjectionOp[] = "PicassoStitchedProjection";
 constexpr char kProjectionGradOp[] = "PicassoStitchedProjectionGrad";
+constexpr char kProjectionGradApplyOp[] = "PicassoStitchedProjectionGradApply";
 
 enum class Combiner { kNone, kSum, kMean, kSqrtN };
 constexpr const char* kCombinerNames[] = {"none", "sum", "mean", "sqrtn"};
@@ -1067,9 +1071,9 @@ struct TableSites {
 
 // Per site, its table's values and row width, after checking that the table is a
 // matrix holding the site's rows.
-template <typename T>
+template <typename T, typename Tables>
 Status SiteTables(const char* op, const PackedLayout& layout,
-                  const std::vector<int64_t>& table_index, const OpInputList& tables,
+                  const std::vector<int64_t>& table_index, const Tables& tables,
                   std::vector<const T*>* values, std::vector<int64_t>* dims) {
   for (int i = 0; i < layout.size(); ++i) {
     const Tensor& table = tables[table_index[i]];
@@ -1743,14 +1747,14 @@ class StitchedProjectionOp : public OpKernel {
 // values), then row u's gradient gains kernel slice * s_u and the kernel slice gains
 // table[u] * s_u: one pass over the ids, then work per unique row only. A cluster is
 // one work item; its sites' kernel columns are its own, so every sum has one order.
+// `out` receives the cluster's [unique rows, d] gradient.
 template <int64_t kD, typename T, typename Tid>
 void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
                         const std::vector<KernelSlice<T>>& slices,
                         const std::vector<const T*>& scales, const RowClusters::Cluster& c,
-                        const T* table, int64_t d, const T* dy, T* row_grads, T* dkt) {
+                        const T* table, int64_t d, const T* dy, T* out, T* dkt) {
   const int64_t num_unique = c.num_unique();
   const int64_t units = slices.empty() ? 0 : slices[0].units;
-  T* out = row_grads + c.unique_begin * d;
   std::fill(out, out + num_unique * d, T(0));
   thread_local std::vector<T> sums;
   for (size_t k = 0; k < c.sites.size(); ++k) {
@@ -1794,6 +1798,129 @@ void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
   }
 }
 
+// What both projection gradient ops compute from dy [rows, units], the kernel and the
+// tables' values: the inputs checked, each table's entries grouped by row, then each
+// cluster's row gradients, and the kernel's gradient.
+template <typename T, typename Tid>
+class ProjectionGradient {
+ public:
+  struct Table {
+    std::vector<Site<T, Tid>> sites;
+    std::vector<KernelSlice<T>> slices;
+    std::vector<const T*> scales;
+    RowClusters groups;
+    const T* values = nullptr;
+    int64_t d = 0;
+  };
+
+  // `tables` holds the tables' values (anything indexable by table giving a Tensor).
+  template <typename Tables>
+  Status Prepare(OpKernelContext* ctx, const char* op, const ProjectionAttrs& attrs,
+                 const Tables& tables) {
+    attrs_ = &attrs;
+    const PackedLayout& layout = attrs.layout;
+    dy_ = &ctx->input(0);
+    const Tensor& kernel = ctx->input(1);
+    std::vector<Site<T, Tid>> sites;
+    TF_RETURN_IF_ERROR(ReadSites(ctx, op, layout, &sites));
+    std::vector<const T*> site_tables;
+    std::vector<int64_t> dims;
+    TF_RETURN_IF_ERROR(SiteTables(op, layout, attrs.table_index, tables, &site_tables, &dims));
+    if (!TensorShapeUtils::IsMatrix(dy_->shape()) || dy_->dim_size(1) != kernel.dim_size(1)) {
+      return errors::InvalidArgument(op, ": grad must be [rows, units] with the kernel's ",
+                                     "units; got ", dy_->shape().DebugString(), " and kernel ",
+                                     kernel.shape().DebugString());
+    }
+    TF_RETURN_IF_ERROR(CheckProjection(op, layout, attrs.stitch, sites, dims, kernel,
+                                       attrs.width, dy_->dim_size(0)));
+    units_ = kernel.dim_size(1);
+    const int num_sites = layout.size();
+
+    // Per-segment scales of mean and sqrtn sites (checking the segment ids).
+    scale_buffers_.assign(num_sites, {});
+    std::vector<const T*> scales(num_sites, nullptr);
+    for (int i = 0; i < num_sites; ++i) {
+      if (!sites[i].pooled) continue;
+      const bool scaled = sites[i].combiner != Combiner::kSum;
+      if (scaled) scale_buffers_[i].resize(sites[i].num_segments);
+      if (!SegmentScales(sites[i], scaled ? scale_buffers_[i].data() : nullptr)) {
+        return FirstBadSegment(op, layout, sites);
+      }
+      if (scaled) scales[i] = scale_buffers_[i].data();
+    }
+    kt_ = Transposed(kernel.flat<T>().data(), attrs.width, units_);
+    dkt_.assign(units_ * attrs.width, T(0));
+
+    // Each table's entries grouped by row.
+    tables_ = std::vector<Table>(attrs.by_table.sites.size());
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      Table& g = tables_[t];
+      g.values = tables[t].template flat<T>().data();
+      g.d = tables[t].dim_size(1);
+      for (int i : attrs.by_table.sites[t]) {
+        g.sites.push_back(sites[i]);
+        g.slices.push_back({kt_.data(), attrs.width, units_, attrs.stitch.columns[i],
+                            attrs.stitch.row_blocks[i]});
+        g.scales.push_back(scales[i]);
+      }
+      TF_RETURN_IF_ERROR(GroupByRow(ctx, op, attrs.by_table.layouts[t], g.sites, &g.groups));
+    }
+    return OkStatus();
+  }
+
+  const std::vector<Table>& tables() const { return tables_; }
+
+  // Computes each cluster's row gradients into out(t, cluster), a [unique rows, d] buffer,
+  // then calls done(t, cluster, that buffer), on one thread per cluster: clusters of
+  // one table cover disjoint rows.
+  template <typename OutFn, typename DoneFn>
+  void Run(OpKernelContext* ctx, const OutFn& out, const DoneFn& done) {
+    std::vector<std::pair<int, int>> items;  // (table, cluster)
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      for (size_t k = 0; k < tables_[t].groups.clusters.size(); ++k) items.push_back({t, k});
+    }
+    auto cost = [&](const std::pair<int, int>& item) {
+      const auto& c = tables_[item.first].groups.clusters[item.second];
+      return c.num_entries() + c.num_unique() * tables_[item.first].d;
+    };
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
+    int64_t total = 0;
+    for (const auto& item : items) total += cost(item);
+    RunWorkItems(ctx, items.size(), total * sizeof(T) >= kMinParallelBytes, [&](int64_t k) {
+      const int t = items[k].first;
+      const Table& g = tables_[t];
+      const RowClusters::Cluster& c = g.groups.clusters[items[k].second];
+      T* grads = out(t, c);
+      DispatchDim(g.d, [&](auto dim) {
+        ProjectClusterGrad<decltype(dim)::value>(g.sites, g.slices, g.scales, c, g.values, g.d,
+                                                 dy_->flat<T>().data(), grads, dkt_.data());
+      });
+      done(t, c, grads);
+    });
+  }
+
+  // The kernel's gradient, once Run is done.
+  Status KernelGrad(OpKernelContext* ctx) const {
+    Tensor* kernel_grad;
+    TF_RETURN_IF_ERROR(ctx->allocate_output("kernel_grad", ctx->input(1).shape(), &kernel_grad));
+    T* dk = kernel_grad->flat<T>().data();
+    const int64_t width = attrs_->width;
+    for (int64_t c = 0; c < width; ++c) {
+      for (int64_t p = 0; p < units_; ++p) dk[c * units_ + p] = dkt_[p * width + c];
+    }
+    return OkStatus();
+  }
+
+ private:
+  const ProjectionAttrs* attrs_ = nullptr;
+  const Tensor* dy_ = nullptr;
+  int64_t units_ = 0;
+  std::vector<std::vector<T>> scale_buffers_;
+  std::vector<T> kt_, dkt_;
+  std::vector<Table> tables_;
+};
+
 template <typename T, typename Tid>
 class StitchedProjectionGradOp : public OpKernel {
  public:
@@ -1802,107 +1929,124 @@ class StitchedProjectionGradOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const PackedLayout& layout = attrs_.layout;
-    const Tensor& dy = ctx->input(0);
-    const Tensor& kernel = ctx->input(1);
     OpInputList tables;
     OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
-    std::vector<Site<T, Tid>> sites;
-    OP_REQUIRES_OK(ctx, ReadSites(ctx, kProjectionGradOp, layout, &sites));
-    std::vector<const T*> site_tables;
-    std::vector<int64_t> dims;
-    OP_REQUIRES_OK(ctx, SiteTables(kProjectionGradOp, layout, attrs_.table_index, tables,
-                                   &site_tables, &dims));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(dy.shape()) && dy.dim_size(1) == kernel.dim_size(1),
-                errors::InvalidArgument(kProjectionGradOp, ": grad must be [rows, units] with ",
-                                        "the kernel's units; got ", dy.shape().DebugString(),
-                                        " and kernel ", kernel.shape().DebugString()));
-    OP_REQUIRES_OK(ctx, CheckProjection(kProjectionGradOp, layout, attrs_.stitch, sites, dims,
-                                        kernel, attrs_.width, dy.dim_size(0)));
-    const int64_t units = kernel.dim_size(1);
-    const int num_sites = layout.size();
-
-    // Per-segment scales of mean and sqrtn sites (checking the segment ids).
-    std::vector<std::vector<T>> scale_buffers(num_sites);
-    std::vector<const T*> scales(num_sites, nullptr);
-    for (int i = 0; i < num_sites; ++i) {
-      if (!sites[i].pooled) continue;
-      const bool scaled = sites[i].combiner != Combiner::kSum;
-      if (scaled) scale_buffers[i].resize(sites[i].num_segments);
-      OP_REQUIRES(ctx, SegmentScales(sites[i], scaled ? scale_buffers[i].data() : nullptr),
-                  FirstBadSegment(kProjectionGradOp, layout, sites));
-      if (scaled) scales[i] = scale_buffers[i].data();
-    }
-    const std::vector<T> kt = Transposed(kernel.flat<T>().data(), attrs_.width, units);
-    std::vector<T> dkt(units * attrs_.width, T(0));
-
-    // Each table's entries grouped by row.
-    const int num_tables = static_cast<int>(attrs_.by_table.sites.size());
-    struct TableGrad {
-      std::vector<Site<T, Tid>> sites;
-      std::vector<KernelSlice<T>> slices;
-      std::vector<const T*> scales;
-      RowClusters groups;
-      const T* values = nullptr;
-      T* out = nullptr;
-      int64_t d = 0;
-    };
-    std::vector<TableGrad> grads(num_tables);
+    ProjectionGradient<T, Tid> gradient;
+    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradOp, attrs_, tables));
     OpOutputList unique_list, grads_list;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
     OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
-    std::vector<std::pair<int, int>> items;  // (table, cluster)
-    for (int t = 0; t < num_tables; ++t) {
-      TableGrad& g = grads[t];
-      g.values = tables[t].flat<T>().data();
-      g.d = tables[t].dim_size(1);
-      for (int i : attrs_.by_table.sites[t]) {
-        g.sites.push_back(sites[i]);
-        g.slices.push_back({kt.data(), attrs_.width, units, attrs_.stitch.columns[i],
-                            attrs_.stitch.row_blocks[i]});
-        g.scales.push_back(scales[i]);
-      }
-      OP_REQUIRES_OK(ctx, GroupByRow(ctx, kProjectionGradOp, attrs_.by_table.layouts[t],
-                                     g.sites, &g.groups));
-      Tensor *unique_rows, *row_grads;
-      OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({g.groups.num_unique}),
-                                               &unique_rows));
-      OP_REQUIRES_OK(ctx, grads_list.allocate(t, TensorShape({g.groups.num_unique, g.d}),
-                                              &row_grads));
-      int64_t* rows = unique_rows->flat<int64_t>().data();
+    std::vector<T*> row_grads;
+    for (size_t t = 0; t < gradient.tables().size(); ++t) {
+      const auto& g = gradient.tables()[t];
+      Tensor *unique, *grads;
+      OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({g.groups.num_unique}), &unique));
+      OP_REQUIRES_OK(ctx, grads_list.allocate(t, TensorShape({g.groups.num_unique, g.d}), &grads));
+      int64_t* rows = unique->flat<int64_t>().data();
       for (const auto& c : g.groups.clusters) {
         std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
       }
-      g.out = row_grads->flat<T>().data();
-      for (int k = 0; k < static_cast<int>(g.groups.clusters.size()); ++k) items.push_back({t, k});
+      row_grads.push_back(grads->flat<T>().data());
     }
-    auto cost = [&](const std::pair<int, int>& item) {
-      const auto& c = grads[item.first].groups.clusters[item.second];
-      return c.num_entries() + c.num_unique() * grads[item.first].d;
-    };
-    std::stable_sort(items.begin(), items.end(),
-                     [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
-    int64_t total = 0;
-    for (const auto& item : items) total += cost(item);
-    RunWorkItems(ctx, items.size(), total * sizeof(T) >= kMinParallelBytes, [&](int64_t k) {
-      const TableGrad& g = grads[items[k].first];
-      DispatchDim(g.d, [&](auto dim) {
-        ProjectClusterGrad<decltype(dim)::value>(g.sites, g.slices, g.scales,
-                                                 g.groups.clusters[items[k].second], g.values,
-                                                 g.d, dy.flat<T>().data(), g.out, dkt.data());
-      });
-    });
-
-    Tensor* kernel_grad;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("kernel_grad", kernel.shape(), &kernel_grad));
-    T* dk = kernel_grad->flat<T>().data();
-    for (int64_t c = 0; c < attrs_.width; ++c) {
-      for (int64_t p = 0; p < units; ++p) dk[c * units + p] = dkt[p * attrs_.width + c];
-    }
+    gradient.Run(
+        ctx,
+        [&](int t, const RowClusters::Cluster& c) {
+          return row_grads[t] + c.unique_begin * gradient.tables()[t].d;
+        },
+        [](int, const RowClusters::Cluster&, const T*) {});
+    OP_REQUIRES_OK(ctx, gradient.KernelGrad(ctx));
   }
 
  private:
   ProjectionAttrs attrs_;
+};
+
+// The projection's gradient applied by an optimizer to the tables in place: each
+// cluster's row gradients go to the optimizer's update of those rows (their table
+// rows still in cache from the kernel gradient) instead of to an output, and only
+// the kernel's gradient is returned. Rows without a gradient are left alone (the
+// lazy form, which is Keras' own for Adagrad and momentum-free SGD). Each table row's
+// value is read for the kernel gradient before its own cluster updates it.
+template <typename T, typename Tid>
+class StitchedProjectionGradApplyOp : public OpKernel {
+ public:
+  explicit StitchedProjectionGradApplyOp(OpKernelConstruction* c) : OpKernel(c), update_(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionGradApplyOp));
+    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &num_slots_));
+    OP_REQUIRES_OK(c, c->GetAttr("hyper_names", &hyper_names_));
+    int num_tables, num_table_slots;
+    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables));
+    OP_REQUIRES_OK(c, c->GetAttr("num_table_slots", &num_table_slots));
+    OP_REQUIRES(c, num_table_slots == num_tables * num_slots_,
+                errors::InvalidArgument(kProjectionGradApplyOp, ": ", num_tables, " tables with ",
+                                        num_slots_, " slots each need ", num_tables * num_slots_,
+                                        " slot variables; got ", num_table_slots));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    int vars_begin, vars_end, slots_begin, slots_end;
+    OP_REQUIRES_OK(ctx, InputRange("vars", &vars_begin, &vars_end));
+    OP_REQUIRES_OK(ctx, InputRange("slots", &slots_begin, &slots_end));
+    std::vector<int> inputs;
+    for (int i = vars_begin; i < vars_end; ++i) inputs.push_back(i);
+    for (int i = slots_begin; i < slots_end; ++i) inputs.push_back(i);
+    picasso::LockedVariables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, inputs, DataTypeToEnum<T>::v()));
+    std::vector<Tensor> vars;  // the tables, then table-major slots
+    OP_REQUIRES_OK(ctx, locked.Tensors<T>(ctx, &vars));
+    const int num_tables = vars_end - vars_begin;
+    for (int t = 0; t < num_tables; ++t) {
+      for (int k = 0; k < num_slots_; ++k) {
+        const Tensor& slot = vars[num_tables + t * num_slots_ + k];
+        OP_REQUIRES(ctx, slot.shape() == vars[t].shape(),
+                    errors::InvalidArgument(kProjectionGradApplyOp, ": slot ", k, " of table ",
+                                            t, " has shape ", slot.shape().DebugString(),
+                                            ", the table ", vars[t].shape().DebugString()));
+      }
+    }
+    ProjectionGradient<T, Tid> gradient;
+    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradApplyOp, attrs_, vars));
+
+    picasso::ScalarInputs<T> scalars(ctx, hyper_names_, "hyper");
+    const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
+    OP_REQUIRES_OK(ctx, update_.With(scalars, [&](const auto& update) {
+      gradient.Run(
+          ctx,
+          [&](int t, const RowClusters::Cluster& c) {
+            thread_local std::vector<T> buffer;
+            buffer.resize(c.num_unique() * vars[t].dim_size(1));
+            return buffer.data();
+          },
+          [&](int t, const RowClusters::Cluster& c, const T* grads) {
+            const int64_t d = vars[t].dim_size(1);
+            T* table = vars[t].flat<T>().data();
+            T* slot_tables[picasso::kMaxSlots] = {};
+            for (int k = 0; k < num_slots_; ++k) {
+              slot_tables[k] = vars[num_tables + t * num_slots_ + k].flat<T>().data();
+            }
+            const int64_t ahead = PrefetchDistance(d * sizeof(T));
+            T* slots[picasso::kMaxSlots] = {};
+            for (int64_t u = 0; u < c.num_unique(); ++u) {
+              if (u + ahead < c.num_unique()) {
+                for (int k = 0; k < num_slots_; ++k) {
+                  PrefetchBytes(slot_tables[k] + c.rows[u + ahead] * d, d * sizeof(T));
+                }
+              }
+              const int64_t row = c.rows[u];
+              for (int k = 0; k < num_slots_; ++k) slots[k] = slot_tables[k] + row * d;
+              picasso::UpdateRow<true>(update, table + row * d, slots, grads + u * d, d,
+                                       weight_decay, lr);
+            }
+          });
+    }));
+    OP_REQUIRES_OK(ctx, gradient.KernelGrad(ctx));
+  }
+
+ private:
+  ProjectionAttrs attrs_;
+  picasso::AnyUpdate<T> update_;
+  int num_slots_ = 0;
+  std::vector<std::string> hyper_names_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -2179,6 +2323,51 @@ ascending unique rows and their summed gradient rows; and the kernel's gradient
 (zero in the columns no site covers).
 )doc");
 
+REGISTER_OP("PicassoStitchedProjectionGradApply")
+    .Input("grad: T")
+    .Input("kernel: T")
+    .Input("vars: G * resource")
+    .Input("slots: num_table_slots * resource")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("hyper: num_hyper * T")
+    .Output("kernel_grad: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .Attr("optimizer: {'sgd', 'adagrad', 'ftrl', 'adam', 'rmsprop'}")
+    .Attr("num_slots: int >= 0")
+    .Attr("num_table_slots: int >= 0")
+    .Attr("num_hyper: int >= 0")
+    .Attr("hyper_names: list(string)")
+    .Attr("nesterov: bool = false")
+    .Attr("amsgrad: bool = false")
+    .Attr("centered: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+PicassoStitchedProjectionGrad with the tables' gradients applied in place by an
+optimizer (sparse_updates.h) instead of returned: vars are the G tables' variables,
+slots their optimizer slots table by table (num_slots each, in the order the
+PicassoSparseApply op of `optimizer` takes them), hyper that op's scalar inputs in
+the order of hyper_names. Only the rows with a gradient are updated. Returns the
+kernel's gradient.
+)doc");
+
 #define REGISTER_PACKED_LOOKUP(T, Tid)                                                   \
   REGISTER_KERNEL_BUILDER(Name("PicassoPackedLookup")                                    \
                               .Device(DEVICE_CPU)                                        \
@@ -2209,7 +2398,12 @@ ascending unique rows and their summed gradient rows; and the kernel's gradient
                               .Device(DEVICE_CPU)                                        \
                               .TypeConstraint<T>("T")                                    \
                               .TypeConstraint<Tid>("Tid"),                               \
-                          StitchedProjectionGradOp<T, Tid>);
+                          StitchedProjectionGradOp<T, Tid>);                             \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjectionGradApply")                     \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedProjectionGradApplyOp<T, Tid>);
 REGISTER_PACKED_LOOKUP(float, int32_t)
 REGISTER_PACKED_LOOKUP(float, int64_t)
 REGISTER_PACKED_LOOKUP(double, int32_t)

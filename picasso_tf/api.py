@@ -59,6 +59,7 @@ class PicassoInfo:
         self.plan = RewritePlan()
         self.reports = {}
         self.optimizer_note = None      # how packed tables are updated, once training starts
+        self.updated_in_gradient = []   # packed tables their gradient kernel updates (last trace)
         self.table_variables = []       # every embedding table the analysis recognised, packed ones too
 
     @property
@@ -84,6 +85,8 @@ class PicassoInfo:
                 lines.append(f"  {p['pass']:<13} {'on ' if p['enabled'] else 'off'} {detail if p['enabled'] else ''}")
         if self.optimizer_note:
             lines.append(f"  optimizer: {self.optimizer_note}")
+        if self.updated_in_gradient:
+            lines.append(f"  updated inside their gradient kernel: {', '.join(self.updated_in_gradient)}")
         for g in self.plan.describe():
             lines.append(f"  packed group {g['group']}: dim {g['dim']}, {len(g['tables'])} tables, "
                          f"{g['rows']} rows, volume {g['param_volume']}")
@@ -179,7 +182,8 @@ class PicassoModel(tf.keras.Model):
         self._ensure_rewritten(x)
         y_pred = self(x, training=True)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
-        self._gradient_applier().apply(self.optimizer, loss)
+        updated = self._gradient_applier().apply(self.optimizer, loss)
+        self.picasso.updated_in_gradient = [v.name for v in updated]
         return self.compute_metrics(x, y, y_pred, sample_weight)
 
     def save_weights(self, filepath, *args, **kwargs):

@@ -32,6 +32,11 @@ class Config:
       passes; their slots run in order and report what they did.
     fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels
       (when the user's optimizer is supported) instead of the Keras optimizer.
+    apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
+      SGD without momentum, the lazy forms) and a table's gradient comes from one stitched
+      projection, apply the update inside the kernel that computes the gradient, while
+      the rows are in cache, instead of writing the gradient out for a second kernel
+      (same result).
     lazy_optimizer: for Adam, AdamW and RMSprop (whose Keras forms decay every row of a
       table every step), update only the rows a batch touched. Off by default: a
       different algorithm from what the user asked for, so it is never implied.
@@ -51,6 +56,7 @@ class Config:
     interleaving: bool = True
     micro_batches: int = 1
     fused_optimizer: bool = True
+    apply_in_gradient: bool = True
     lazy_optimizer: bool = False
     check_ids: bool = True
 

@@ -192,3 +192,18 @@ def test_weight_decay_can_be_skipped_per_table():
 def test_refused(make, message):
     with pytest.raises(UnsupportedOptimizerError, match=message):
         RowSparseOptimizer.from_keras(make())
+
+
+ONLY_GRADIENT_ROWS = {"sgd", "adagrad", "adagrad_options"}   # in Keras' own (exact) form
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_which_updates_leave_rows_without_a_gradient_alone(name):
+    """What decides whether a gradient kernel may update a table itself: exact forms
+    that decay or move every row (momentum, moments, FTRL's densified update, weight
+    decay) may not, unless the table is excluded from weight decay; lazy forms may."""
+    exact = RowSparseOptimizer.from_keras(OPTIMIZERS[name]())
+    assert exact.changes_only_gradient_rows() == (name in ONLY_GRADIENT_ROWS)
+    if name == "sgd_weight_decay":
+        assert exact.changes_only_gradient_rows(apply_weight_decay=False)
+    assert RowSparseOptimizer.from_keras(OPTIMIZERS[name](), lazy=True).changes_only_gradient_rows()

@@ -151,6 +151,14 @@ class RowSparseOptimizer:
         Returns:
           The update op (``None`` when executing eagerly).
         """
+        return sparse_apply.apply(table, unique_rows, row_grads,
+                                  self.update(table, slots, iteration,
+                                              apply_weight_decay=apply_weight_decay),
+                                  lazy=self.lazy, name=name)
+
+    def update(self, table, slots, iteration, *, apply_weight_decay=True) -> sparse_apply.Update:
+        """This step's update of `table` (arguments as ``apply``), not yet applied to a
+        gradient: a fused gradient kernel can apply it in place."""
         if set(slots) != set(self.slot_names):
             raise ValueError(f"{type(self.optimizer).__name__} expects slots "
                              f"{sorted(self.slot_names)}, got {sorted(slots)}.")
@@ -160,9 +168,17 @@ class RowSparseOptimizer:
         weight_decay = self.optimizer.weight_decay
         weight_decay = (_cast(weight_decay, dtype)
                         if apply_weight_decay and weight_decay is not None else 0.0)
-        rows = tf.cast(unique_rows, tf.int64)
-        return self._apply(table, slots, rows, row_grads, iteration, lr, weight_decay,
-                           name=name)
+        return self._update(slots, dtype, iteration, lr, weight_decay)
+
+    def changes_only_gradient_rows(self, apply_weight_decay=True) -> bool:
+        """Whether an update leaves every row without a gradient as it is: always in the
+        lazy form; in the exact form when Keras' update does (Adagrad, SGD without
+        momentum) and no weight decay reaches every row."""
+        if self.lazy:
+            return True
+        decay = self.optimizer.weight_decay
+        decays_all = apply_weight_decay and decay is not None and not (_is_number(decay) and decay == 0)
+        return not decays_all and self._changes_only_gradient_rows()
 
     def applies_weight_decay_to(self, variable) -> bool:
         """Whether Keras would decay `variable` (the user's, e.g. an embedding matrix a
@@ -179,8 +195,11 @@ class RowSparseOptimizer:
     def _initial_slot_value(self, slot, shape, dtype):
         return tf.zeros(shape, dtype)
 
-    def _apply(self, table, slots, rows, grads, iteration, lr, weight_decay, name):
+    def _update(self, slots, dtype, iteration, lr, weight_decay):
         raise NotImplementedError
+
+    def _changes_only_gradient_rows(self):
+        return False
 
     def _learning_rate(self, iteration, dtype):
         # Keras keeps a schedule in `_learning_rate` and evaluates it at `iterations`
@@ -197,12 +216,14 @@ class _Sgd(RowSparseOptimizer):
         # Keras always keeps "m", but with momentum 0 it changes no row without a gradient.
         return () if _is_number(momentum) and momentum == 0 else ("m",)
 
-    def _apply(self, table, slots, rows, grads, iteration, lr, weight_decay, name):
-        return sparse_apply.sgd(
-            table, rows, grads, lr=lr, momentum_slot=slots.get("m"),
-            momentum=_cast(self.optimizer.momentum, table.dtype) if slots else 0.0,
-            nesterov=bool(self.optimizer.nesterov), weight_decay=weight_decay,
-            lazy=self.lazy, name=name)
+    def _update(self, slots, dtype, iteration, lr, weight_decay):
+        return sparse_apply.sgd_update(
+            lr=lr, momentum_slot=slots.get("m"),
+            momentum=_cast(self.optimizer.momentum, dtype) if slots else 0.0,
+            nesterov=bool(self.optimizer.nesterov), weight_decay=weight_decay)
+
+    def _changes_only_gradient_rows(self):
+        return not self.slot_names
 
 
 class _Adagrad(RowSparseOptimizer):
@@ -213,11 +234,13 @@ class _Adagrad(RowSparseOptimizer):
         # keras.initializers.Constant(initial_accumulator_value)(shape, dtype)
         return tf.constant(self.optimizer.initial_accumulator_value, dtype=dtype, shape=shape)
 
-    def _apply(self, table, slots, rows, grads, iteration, lr, weight_decay, name):
-        return sparse_apply.adagrad(
-            table, slots["accumulator"], rows, grads, lr=lr,
-            epsilon=_operand(self.optimizer.epsilon, table.dtype),
-            weight_decay=weight_decay, lazy=self.lazy, name=name)
+    def _update(self, slots, dtype, iteration, lr, weight_decay):
+        return sparse_apply.adagrad_update(
+            slots["accumulator"], lr=lr, epsilon=_operand(self.optimizer.epsilon, dtype),
+            weight_decay=weight_decay)
+
+    def _changes_only_gradient_rows(self):
+        return True
 
 
 class _Ftrl(RowSparseOptimizer):
@@ -229,16 +252,15 @@ class _Ftrl(RowSparseOptimizer):
             return tf.cast(tf.fill(shape, self.optimizer.initial_accumulator_value), dtype)
         return tf.zeros(shape, dtype)
 
-    def _apply(self, table, slots, rows, grads, iteration, lr, weight_decay, name):
-        opt, dtype = self.optimizer, table.dtype
-        return sparse_apply.ftrl(
-            table, slots["accumulator"], slots["linear"], rows, grads, lr=lr,
+    def _update(self, slots, dtype, iteration, lr, weight_decay):
+        opt = self.optimizer
+        return sparse_apply.ftrl_update(
+            slots["accumulator"], slots["linear"], lr=lr,
             lr_power=_operand(opt.learning_rate_power, dtype),
             l1=_operand(opt.l1_regularization_strength, dtype),
             l2=_operand(opt.l2_regularization_strength, dtype),
             l2_shrinkage=_operand(opt.l2_shrinkage_regularization_strength, dtype),
-            beta=_operand(opt.beta, dtype), weight_decay=weight_decay, lazy=self.lazy,
-            name=name)
+            beta=_operand(opt.beta, dtype), weight_decay=weight_decay)
 
 
 class _Adam(RowSparseOptimizer):
@@ -247,17 +269,17 @@ class _Adam(RowSparseOptimizer):
     def _slot_names(self):
         return ("m", "v", "vhat") if self.optimizer.amsgrad else ("m", "v")
 
-    def _apply(self, table, slots, rows, grads, iteration, lr, weight_decay, name):
-        opt, dtype = self.optimizer, table.dtype
+    def _update(self, slots, dtype, iteration, lr, weight_decay):
+        opt = self.optimizer
         local_step = tf.cast(iteration + 1, dtype)
-        return sparse_apply.adam(
-            table, slots["m"], slots["v"], rows, grads, lr=lr,
+        return sparse_apply.adam_update(
+            slots["m"], slots["v"], lr=lr,
             beta1_power=tf.pow(_cast(opt.beta_1, dtype), local_step),
             beta2_power=tf.pow(_cast(opt.beta_2, dtype), local_step),
             one_minus_beta1=_operand(1 - opt.beta_1, dtype),
             one_minus_beta2=_operand(1 - opt.beta_2, dtype),
             epsilon=_operand(opt.epsilon, dtype), vhat=slots.get("vhat"),
-            weight_decay=weight_decay, lazy=self.lazy, name=name)
+            weight_decay=weight_decay)
 
 
 class _Rmsprop(RowSparseOptimizer):
@@ -269,15 +291,15 @@ class _Rmsprop(RowSparseOptimizer):
             names += ("momentum",)
         return names
 
-    def _apply(self, table, slots, rows, grads, iteration, lr, weight_decay, name):
-        opt, dtype = self.optimizer, table.dtype
-        return sparse_apply.rmsprop(
-            table, slots["velocity"], rows, grads, lr=lr, rho=_operand(opt.rho, dtype),
+    def _update(self, slots, dtype, iteration, lr, weight_decay):
+        opt = self.optimizer
+        return sparse_apply.rmsprop_update(
+            slots["velocity"], lr=lr, rho=_operand(opt.rho, dtype),
             one_minus_rho=_operand(1 - opt.rho, dtype), epsilon=_operand(opt.epsilon, dtype),
             average_gradient=slots.get("average_gradient"),
             momentum_slot=slots.get("momentum"),
             momentum=_operand(opt.momentum, dtype) if "momentum" in slots else 0.0,
-            weight_decay=weight_decay, lazy=self.lazy, name=name)
+            weight_decay=weight_decay)
 
 
 def _keras_families():

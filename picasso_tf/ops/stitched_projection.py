@@ -12,6 +12,9 @@ Sites are laid out as in ``stitched_lookup`` (``columns``, ``row_blocks``); colu
 that no site covers (dense inputs of the concatenation) contribute nothing here:
 the caller adds their products. Sites take no per-id weights.
 """
+import contextlib
+import threading
+
 import tensorflow as tf
 
 from picasso_tf.ops.packed_lookup import _ops, lookup_attrs, row_sparse_gradient, site_inputs
@@ -36,17 +39,63 @@ def stitched_projection(tables, ids_list, segment_ids_list=None, num_segments_li
         combiners=list(combiners), feature_names=list(feature_names), name=name)
 
 
+@contextlib.contextmanager
+def update_tables_in_gradient(updates):
+    """While active, differentiating a stitched projection asks
+    ``updates.for_tables(tables)`` (the op's table inputs, the values it read) for a
+    list of (variable, ``sparse_apply.Update``), one per table. Given one, the gradient
+    is PicassoStitchedProjectionGradApply: the tables' gradients are applied to the
+    variables inside the kernel that computes them (never returned: the tables get no
+    gradient), and ``updates.record(op, variables)`` receives the op and its variables. ``None`` changes nothing."""
+    previous = getattr(_in_gradient, "updates", None)
+    _in_gradient.updates = updates
+    try:
+        yield
+    finally:
+        _in_gradient.updates = previous
+
+
+_in_gradient = threading.local()
+
+
+class FixedTableUpdates:
+    """An ``update_tables_in_gradient`` hook for a projection whose tables are known:
+    plans the given (variable, Update) pairs (one per table, in the op's order) and
+    keeps the ops in ``ops``."""
+
+    def __init__(self, planned):
+        self.planned, self.ops = list(planned), []
+
+    def for_tables(self, tables):
+        return self.planned
+
+    def record(self, op, variables):
+        self.ops.append(op)
+
+
 @tf.RegisterGradient("PicassoStitchedProjection")
 def _stitched_projection_gradient(op, grad):
     g, n = op.get_attr("G"), op.get_attr("N")
     tables = op.inputs[:g]
     per_site = op.inputs[g:g + 4 * n]   # ids, segment_ids, weights, num_segments
     kernel = op.inputs[-1]
-    unique_rows, row_grads, kernel_grad = _ops().picasso_stitched_projection_grad(
-        grad=grad, kernel=kernel, tables=tables, ids=per_site[:n], segment_ids=per_site[n:2 * n],
-        weights=per_site[2 * n:3 * n], num_segments=per_site[3 * n:], width=op.get_attr("width"),
-        table_index=op.get_attr("table_index"), columns=op.get_attr("columns"),
-        row_blocks=op.get_attr("row_blocks"), **lookup_attrs(op))
+    inputs = dict(grad=grad, kernel=kernel, ids=per_site[:n], segment_ids=per_site[n:2 * n],
+                  weights=per_site[2 * n:3 * n], num_segments=per_site[3 * n:],
+                  width=op.get_attr("width"), table_index=op.get_attr("table_index"),
+                  columns=op.get_attr("columns"), row_blocks=op.get_attr("row_blocks"),
+                  **lookup_attrs(op))
+    in_gradient = getattr(_in_gradient, "updates", None)
+    planned = in_gradient.for_tables(tables) if in_gradient is not None else None
+    if planned:
+        first = planned[0][1]
+        hyper = first.hyper_tensors(tables[0].dtype)
+        apply_op = _ops().picasso_stitched_projection_grad_apply(
+            vars=[v.handle for v, _ in planned], slots=[s.handle for _, u in planned for s in u.slots],
+            hyper=list(hyper.values()), hyper_names=list(hyper), optimizer=first.optimizer,
+            num_slots=len(first.slots), **first.attrs, **inputs)
+        in_gradient.record(apply_op.op, [v for v, _ in planned])
+        return [None] * (g + 4 * n) + [apply_op]
+    unique_rows, row_grads, kernel_grad = _ops().picasso_stitched_projection_grad(tables=tables, **inputs)
     table_grads = [row_sparse_gradient(t, rows, values)
                    for t, rows, values in zip(tables, unique_rows, row_grads)]
     return table_grads + [None] * (4 * n) + [kernel_grad]

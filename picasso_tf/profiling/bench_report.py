@@ -202,7 +202,7 @@ def _stages(st, bd):
              f"(dim, fields): {', '.join(f'{d}×{n}' for d, n in st['groups'])} "
              "(`picasso_tf/profiling/bench_stages.py`).", ""]
     rows = [[name, f"{v['ms']:.1f}", f"{v['q1']:.1f}–{v['q3']:.1f}"] for name, v in st["stages"].items()]
-    rows.append(["**sum, picasso path** (projection, loss, projection grad, apply)",
+    rows.append(["**sum, picasso path** (projection, loss, grad + apply in the kernel)",
                  f"**{st['picasso_sum_ms']:.1f}**", ""])
     rows.append(["**sum, stock path** (lookup, concat, dense, split, update)",
                  f"**{st['stock_sum_ms']:.1f}**", ""])

@@ -10,9 +10,11 @@ sigmoid unit's MatMul folded into the lookup, as K-packing does for a narrow Den
   projection  PicassoStitchedProjection: the logits from every group's rows and the
               unit's weights, without building the concatenation [B, sum(dims)]
   loss        the sigmoid and the loss, forward + backward to the logits
-  grad        PicassoStitchedProjectionGrad: every group's deduplicated, summed rows
-              and the unit's weight gradient, from the logits' gradient
-  apply       PicassoSparseApplyAdagrad, one per group
+  grad + apply  PicassoStitchedProjectionGradApply: every group's deduplicated, summed
+              rows, each applied by Adagrad in the kernel, and the unit's weight
+              gradient, from the logits' gradient
+separate (apply_in_gradient=False; not in the picasso sum): the same gradient written
+  out by PicassoStitchedProjectionGrad, then PicassoSparseApplyAdagrad per group.
 stock path (what Keras does per field): ResourceGather per field, ConcatV2 of the
   per-field outputs (the model's Concatenate), the dense stage (the sigmoid unit
   forward + backward, including the input gradient dx), SplitV of dx (the
@@ -43,7 +45,8 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
                 learning_rate=0.01, epsilon=1e-7):
     """{stage: {"ms": median, "q1", "q3"}} plus "unique_rows" and "groups"."""
     from picasso_tf.ops import sparse_apply
-    from picasso_tf.ops.stitched_projection import stitched_projection
+    from picasso_tf.ops.stitched_projection import (FixedTableUpdates, stitched_projection,
+                                                    update_tables_in_gradient)
 
     fields = list(schema.categorical)
     dims = [f.embedding_dim for f in fields]
@@ -105,6 +108,16 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
         return [(g.indices, g.values) for g in grads[:-1]], grads[-1]
 
     @tf.function
+    def grad_apply(dy):
+        values, kernel = [t.read_value() for t in packed], weights.read_value()
+        updates = FixedTableUpdates((t, sparse_apply.adagrad_update(a, lr=learning_rate, epsilon=epsilon))
+                                    for t, a in zip(packed, accumulators))
+        with update_tables_in_gradient(updates):
+            kernel_grad = tf.gradients(projected(values, kernel), values + [kernel], grad_ys=dy)[-1]
+        with tf.control_dependencies(updates.ops):
+            return tf.identity(kernel_grad)
+
+    @tf.function
     def apply(grads):
         ops = [sparse_apply.adagrad(t, a, rows, values, lr=learning_rate, epsilon=epsilon)
                for (rows, values), t, a in zip(grads, packed, accumulators)]
@@ -141,8 +154,9 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
     stages = {
         "picasso: projection (PicassoStitchedProjection)": lambda: project(),
         "picasso: loss forward + backward": lambda: head(logits),
-        "picasso: projection grad (PicassoStitchedProjectionGrad)": lambda: grad(dy),
-        "picasso: apply (PicassoSparseApplyAdagrad)": lambda: apply(grads),
+        "picasso: grad + Adagrad in the kernel (PicassoStitchedProjectionGradApply)": lambda: grad_apply(dy),
+        "separate: projection grad (PicassoStitchedProjectionGrad)": lambda: grad(dy),
+        "separate: apply (PicassoSparseApplyAdagrad)": lambda: apply(grads),
         "stock: dense forward + backward incl. dx": lambda: dense(x),
         "bound: dense forward + backward, no dx": lambda: dense_bound(x),
         "stock: lookup (ResourceGather per field)": lambda: stock_lookup(),

@@ -12,8 +12,9 @@ from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer, Unsup
 
 
 class FusedTableUpdate:
-    def __init__(self, optimizer, packed_tables, lazy):
+    def __init__(self, optimizer, packed_tables, lazy, in_gradient=True):
         self.optimizer = RowSparseOptimizer.from_keras(optimizer, lazy=lazy)
+        self.in_gradient = in_gradient   # config.apply_in_gradient
         self.tables = {t.variable.ref(): t for t in packed_tables}
         self.decay = {}
         for table in packed_tables:
@@ -39,6 +40,61 @@ class FusedTableUpdate:
         return tf.group(updates)
 
 
+class InGradientUpdates:
+    """The packed tables that one trace of a training step updates inside their fused
+    gradient kernels (picasso_tf.ops.stitched_projection.update_tables_in_gradient),
+    and the ops that do it.
+
+    A kernel may update its tables when each is a packed table whose only read in the
+    step is the value the differentiated op took (so that kernel's gradient is the
+    table's whole gradient, and nothing reads the table after it), and the optimizer
+    leaves rows without a gradient alone (Adagrad, SGD without momentum, any lazy
+    form): the update of a row then needs only that row's gradient.
+    """
+
+    def __init__(self, fused, iteration):
+        self.fused, self.iteration, self.ops, self.variables = fused, iteration, [], []
+
+    def for_tables(self, tables):
+        """Per table value, (variable, this step's sparse_apply.Update); None unless all qualify."""
+        variables = [_variable_read_only_as(t, self.fused.tables) for t in tables]
+        if any(v is None for v in variables):
+            return None
+        decays = {self.fused.decay[v.ref()] for v in variables}
+        if len(decays) > 1 or not self.fused.optimizer.changes_only_gradient_rows(decays.pop()):
+            return None
+        return [(v, self.fused.optimizer.update(v, self.fused.slots[self.fused.tables[v.ref()].name],
+                                                 self.iteration, apply_weight_decay=self.fused.decay[v.ref()]))
+                for v in variables]
+
+    def record(self, op, variables):
+        self.ops.append(op)
+        self.variables.extend(variables)
+
+
+def _variable_read_only_as(value, tables):
+    """The packed table variable (a key of `tables`) whose one read in the graph gives
+    `value`, itself used by one op; else None."""
+    read = value.op
+    if read.type != "ReadVariableOp" or len(value.consumers()) != 1:
+        return None
+    handle = read.inputs[0]
+    if handle.consumers() != [read]:
+        return None
+    outside = _captured_from(handle)
+    return next((t.variable for t in tables.values() if t.variable.handle is outside), None)
+
+
+def _captured_from(tensor):
+    """What a tensor of a (nested) function graph captures from outside, else itself."""
+    while True:
+        captures = getattr(getattr(tensor, "graph", None), "captures", ())
+        outside = next((external for external, internal in captures if internal is tensor), None)
+        if outside is None:
+            return tensor
+        tensor = outside
+
+
 def make_fused_update(optimizer, packed_tables, config):
     """(FusedTableUpdate or None, reason or None)."""
     if not packed_tables:
@@ -52,7 +108,8 @@ def make_fused_update(optimizer, packed_tables, config):
             "result. Use global_clipnorm (same result packed or not), or optimize(..., packing=False).")
     try:
         with tf.init_scope():
-            return FusedTableUpdate(optimizer, packed_tables, config.lazy_optimizer), None
+            return FusedTableUpdate(optimizer, packed_tables, config.lazy_optimizer,
+                                    config.apply_in_gradient), None
     except UnsupportedOptimizerError as e:
         if config.lazy_optimizer:
             raise ValueError(f"picasso_tf: lazy_optimizer=True needs a fused row-sparse optimizer: {e}") from e

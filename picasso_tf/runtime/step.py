@@ -8,6 +8,8 @@ table is a bug and stops the trace instead of silently densifying the table.
 import tensorflow as tf
 
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
+from picasso_tf.ops.stitched_projection import update_tables_in_gradient
+from picasso_tf.runtime.fused_update import InGradientUpdates
 
 
 class RewrittenForward:
@@ -57,19 +59,25 @@ class GradientApplier:
         return grads
 
     def apply(self, optimizer, loss):
-        grads = self.gradients(loss)
-        pairs = [(g, v) for g, v in zip(grads, self.trainable) if g is not None]
+        """Adds the step's updates; returns the tables updated inside their gradient kernels."""
         if self.fused is None:
-            optimizer.apply_gradients(pairs)
-            return
+            optimizer.apply_gradients([(g, v) for g, v in zip(self.gradients(loss), self.trainable)
+                                       if g is not None])
+            return []
+        # Tables that a fused gradient kernel updates itself get no gradient here.
+        in_gradient = InGradientUpdates(self.fused, optimizer.iterations) if self.fused.in_gradient else None
+        with update_tables_in_gradient(in_gradient):
+            grads = self.gradients(loss)
+        pairs = [(g, v) for g, v in zip(grads, self.trainable) if g is not None]
         fused = [(g, v) for g, v in pairs if self.fused.handles(v)]
         rest = [(g, v) for g, v in pairs if not self.fused.handles(v)]
-        # The fused update reads optimizer.iterations before Keras increments it, so both
+        # The fused updates read optimizer.iterations before Keras increments it, so both
         # halves of the step use the same step count.
-        update = self.fused.apply(fused, optimizer.iterations)
+        update = tf.group([self.fused.apply(fused, optimizer.iterations)] + (in_gradient.ops if in_gradient else []))
         with tf.control_dependencies([update]):
             if rest:
                 optimizer.apply_gradients(rest)
             else:
                 optimizer.iterations.assign_add(1)
+        return in_gradient.variables if in_gradient else []
 
