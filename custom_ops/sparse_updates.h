@@ -1,6 +1,6 @@
 // The per-row optimizer updates of picasso_tf's fused row-sparse kernels (Keras 2.15
 // semantics), shared by the sparse apply ops (sparse_apply_ops.cc) and the
-// projection gradient that updates its tables in place (packed_lookup_ops.cc).
+// projection gradient that updates its tables in place (stitched_projection_ops.cc).
 //
 // Float operation order: every expression follows keras/src/optimizers/*.py term
 // by term (e.g. Adam's `m -= m * (1 - beta_1); m += g * (1 - beta_1)`, not
@@ -15,8 +15,9 @@
 //     FTRL's `(p(new_accum) - p(accum)) / lr * var` amplifies such a last-bit
 //     difference by about var / lr.
 //   - the sign of a zero, where Keras adds a +0 (a gradient of zero) to -0.
-// Floating-point contraction is disabled so that -march=native does not fuse
-// a * b + c into FMAs (TF's element-wise kernels round each operation).
+// Floating-point contraction is disabled (setup.py passes -ffp-contract=off) so that
+// -march=native does not fuse a * b + c into FMAs (TF's element-wise kernels round
+// each operation).
 //
 // Speed: the row loops are plain loops for the compiler to vectorise. GCC
 // vectorises those with a square root (Adagrad, Adam, RMSprop) only under
@@ -24,7 +25,6 @@
 // errno handling off); it changes no result.
 #ifndef PICASSO_TF_CUSTOM_OPS_SPARSE_UPDATES_H_
 #define PICASSO_TF_CUSTOM_OPS_SPARSE_UPDATES_H_
-#pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
 #include <cmath>

@@ -55,7 +55,7 @@ from their ``tf.IndexedSlices`` gradients. Variable constraints are not applied
 here (Keras applies ``variable.constraint`` after its update).
 
 Numerics: the kernels follow Keras' float operations in order (see
-custom_ops/sparse_apply_ops.cc), and the scalars are computed here with the same
+custom_ops/sparse_updates.h), and the scalars are computed here with the same
 TF ops and Python-float roundings as Keras, so tables match a Keras-updated
 variable to the last bit except RMSprop's rsqrt and FTRL's pow (about 1 ulp).
 """

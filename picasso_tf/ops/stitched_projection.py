@@ -11,6 +11,10 @@ and the kernel its gradient without either wide tensor.
 Sites are laid out as in ``stitched_lookup`` (``columns``, ``row_blocks``); columns
 that no site covers (dense inputs of the concatenation) contribute nothing here:
 the caller adds their products. Sites take no per-id weights.
+
+Inside ``update_tables_in_gradient`` the gradient can instead hand each table's rows
+to an optimizer's update in the same kernel (custom_ops/stitched_projection_ops.cc),
+while they are in cache: the training step uses it where that is the same update.
 """
 import contextlib
 import threading

@@ -1,0 +1,694 @@
+// Stitched projections (CPU kernels): a stitched lookup (PicassoStitchedLookup's
+// layout of sites in the columns of a [rows, width] tensor) times a narrow kernel
+// [width, units], computed from the tables' rows without building the lookup.
+//
+//   PicassoStitchedProjection           the product.
+//   PicassoStitchedProjectionGrad       per table, ascending unique rows and their
+//                                       summed gradient rows; the kernel's gradient.
+//   PicassoStitchedProjectionGradApply  the same gradient, each table's rows given
+//                                       straight to an optimizer's update
+//                                       (sparse_updates.h); returns the kernel's.
+#define EIGEN_USE_THREADS  // before any Eigen header: variable updates run on the CPU device
+
+#include "packed_sites.h"
+#include "sparse_updates.h"
+#include "tensorflow/core/framework/op.h"
+
+namespace tensorflow {
+namespace {
+
+constexpr char kProjectionOp[] = "PicassoStitchedProjection";
+constexpr char kProjectionGradOp[] = "PicassoStitchedProjectionGrad";
+constexpr char kProjectionGradApplyOp[] = "PicassoStitchedProjectionGradApply";
+
+// ---------------------------------------------------------------------------------
+// PicassoStitchedProjection
+
+// A stitched lookup that feeds only a narrow MatMul (a logistic regression, the wide
+// part of a model) is folded into it: each output row is the sum over the sites of
+// their rows' dot products with the kernel rows of their columns, so the stitched
+// [rows, width] tensor is never written, nor its gradient read back.
+
+// Outputs of a projection: at most this many (a wider MatMul is better left to BLAS).
+constexpr int64_t kMaxProjectionUnits = 8;
+// The projection's sites are split into at most this many bands (a fixed number, so
+// that its sums do not depend on the number of threads).
+constexpr int kProjectionBands = 8;
+
+// A site's columns of the projection kernel, as the kernels below read them: kt holds
+// the kernel transposed ([units, width]: output p's weights contiguous), and row j of
+// the site's own output meets kernel rows column + (j % blocks) * d onwards.
+template <typename T>
+struct KernelSlice {
+  const T* kt;
+  int64_t width, units, column, blocks;
+
+  // Where output p's weights for row j of the site start, in kt (or in a gradient of
+  // the same layout).
+  int64_t offset(int64_t p, int64_t j, int64_t d) const {
+    return p * width + column + (j % blocks) * d;
+  }
+  const T* weights(int64_t p, int64_t j, int64_t d) const { return kt + offset(p, j, d); }
+};
+
+// The kernel [width, units] transposed to [units, width].
+template <typename T>
+std::vector<T> Transposed(const T* kernel, int64_t width, int64_t units) {
+  std::vector<T> kt(width * units);
+  for (int64_t c = 0; c < width; ++c) {
+    for (int64_t p = 0; p < units; ++p) kt[p * width + c] = kernel[c * units + p];
+  }
+  return kt;
+}
+
+// The scale of a pooled segment of `count` ids (no weights): 1, 1 / count (mean) or
+// 1 / sqrt(count) (sqrtn), 0 for an empty segment, as SegmentScales gives.
+template <typename T>
+T PoolScale(Combiner combiner, int64_t count) {
+  if (combiner == Combiner::kSum) return T(1);
+  const T denominator = combiner == Combiner::kMean ? T(count) : std::sqrt(T(count));
+  return denominator == 0 ? T(0) : T(1) / denominator;
+}
+
+// Adds site s's share of output rows [r0, r1) to y [rows, units]: for each of its
+// rows (pooled: segments) landing there, the row's dot products with the kernel.
+// False on a bad id.
+template <int64_t kD, typename T, typename Tid>
+bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table, int64_t d,
+                 const KernelSlice<T> k, int64_t r0, int64_t r1, T* y) {
+  const T* base = table + s.offset * d;
+  const int64_t row_bytes = d * sizeof(T);
+  const int64_t ahead = PrefetchDistance(row_bytes);
+  const int64_t begin = r0 * k.blocks, end = r1 * k.blocks;
+  T sums[kMaxProjectionUnits];
+  if (!s.pooled) {
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
+      const Tid id = s.ids[j];
+      if (!s.Valid(id)) return false;
+      const T* row = base + static_cast<int64_t>(id) * d;
+      T* out = y + (j / k.blocks) * k.units;
+      for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, k.weights(p, j, d), d);
+    }
+    return true;
+  }
+  auto entry = [&index](int64_t q) -> int64_t { return index.perm ? index.perm[q] : q; };
+  const int64_t q_end = index.start[end];
+  for (int64_t seg = begin; seg < end; ++seg) {
+    std::fill(sums, sums + k.units, T(0));
+    const int64_t first = index.start[seg], last = index.start[seg + 1];
+    for (int64_t q = first; q < last; ++q) {
+      if (q + ahead < q_end) PrefetchBytes(RowAddress(base, s.ids[entry(q + ahead)], d), row_bytes);
+      const Tid id = s.ids[entry(q)];
+      if (!s.Valid(id)) return false;
+      const T* row = base + static_cast<int64_t>(id) * d;
+      for (int64_t p = 0; p < k.units; ++p) sums[p] += DotRow<kD>(row, k.weights(p, seg, d), d);
+    }
+    const T scale = PoolScale<T>(s.combiner, last - first);
+    T* out = y + (seg / k.blocks) * k.units;
+    for (int64_t p = 0; p < k.units; ++p) out[p] += sums[p] * scale;
+  }
+  return true;
+}
+
+// Checks what both projection ops take: no per-id weights, a [width, units] kernel
+// with units <= kMaxProjectionUnits, and sites that fit the stitched columns without
+// overlapping. Returns the rows through *rows (from the sites, or from the gradient).
+template <typename T, typename Tid>
+Status CheckProjection(const char* op, const PackedLayout& layout, const StitchLayout& stitch,
+                       const std::vector<Site<T, Tid>>& sites, const std::vector<int64_t>& dims,
+                       const Tensor& kernel, int64_t width, int64_t rows) {
+  if (!TensorShapeUtils::IsMatrix(kernel.shape()) || kernel.dim_size(0) != width ||
+      kernel.dim_size(1) < 1 || kernel.dim_size(1) > kMaxProjectionUnits) {
+    return errors::InvalidArgument(op, ": kernel must be [width ", width, ", units] with 1 to ",
+                                   kMaxProjectionUnits, " units; got ",
+                                   kernel.shape().DebugString());
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (int i = 0; i < layout.size(); ++i) {
+    if (sites[i].weights) {
+      return errors::InvalidArgument(op, ": ", layout.Feature(i), " has per-id weights, "
+                                     "which a projection does not take (stitch it without)");
+    }
+    TF_RETURN_IF_ERROR(stitch.Check(op, layout, i, sites[i], rows, width, dims[i]));
+    spans.push_back({stitch.columns[i], stitch.columns[i] + stitch.row_blocks[i] * dims[i]});
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    if (spans[k].first < spans[k - 1].second) {
+      return errors::InvalidArgument(op, ": two sites share column ", spans[k].first);
+    }
+  }
+  return OkStatus();
+}
+
+// Reads the attributes both projection ops share.
+struct ProjectionAttrs {
+  PackedLayout layout;
+  StitchLayout stitch;
+  int64_t width = 0;
+  std::vector<int64_t> table_index;
+  TableSites by_table;
+
+  Status Init(OpKernelConstruction* c, const char* op) {
+    TF_RETURN_IF_ERROR(layout.Init(c, /*with_combiners=*/true));
+    TF_RETURN_IF_ERROR(stitch.Init(c, layout.size()));
+    TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+    TF_RETURN_IF_ERROR(c->GetAttr("table_index", &table_index));
+    int num_tables;
+    TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
+    if (table_index.size() != layout.size()) {
+      return errors::InvalidArgument(op, ": table_index needs one entry per site");
+    }
+    return by_table.Init(op, layout, table_index, num_tables);
+  }
+};
+
+// y [rows, units] = the stitched lookup of the sites (never built) times kernel
+// [width, units]; columns no site covers are left to the caller.
+template <typename T, typename Tid>
+class StitchedProjectionOp : public OpKernel {
+ public:
+  explicit StitchedProjectionOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionOp));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const PackedLayout& layout = attrs_.layout;
+    OpInputList tables;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    std::vector<Site<T, Tid>> sites;
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kProjectionOp, layout, &sites));
+    std::vector<const T*> site_tables;
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, SiteTables(kProjectionOp, layout, attrs_.table_index, tables,
+                                   &site_tables, &dims));
+    const Tensor& kernel = ctx->input(ctx->num_inputs() - 1);
+    const int64_t rows = sites[0].out_rows() / attrs_.stitch.row_blocks[0];
+    OP_REQUIRES_OK(ctx, CheckProjection(kProjectionOp, layout, attrs_.stitch, sites, dims,
+                                        kernel, attrs_.width, rows));
+    const int64_t units = kernel.dim_size(1);
+    Tensor* output;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, units}), &output));
+    T* y = output->flat<T>().data();
+    std::fill(y, y + rows * units, T(0));
+    PooledIndexes pooled;
+    OP_REQUIRES_OK(ctx, pooled.Build(ctx, kProjectionOp, layout, sites));
+    const std::vector<T> kt = Transposed(kernel.flat<T>().data(), attrs_.width, units);
+
+    // Sites are walked one at a time (its ids in order, its table's hot rows in cache),
+    // in a fixed number of consecutive bands, each summing into its own partial output;
+    // items are (band, block of rows). The partials are added in band order, so every
+    // sum has one order whatever the threads.
+    const int num_sites = layout.size();
+    const int num_bands = std::min(num_sites, kProjectionBands);
+    int64_t total_bytes = 0;
+    for (int i = 0; i < num_sites; ++i) total_bytes += sites[i].n * dims[i] * sizeof(T);
+    const int64_t blocks_per_band = std::clamp<int64_t>(
+        NumThreads(ctx) * kItemsPerThread / num_bands, 1, std::max<int64_t>(1, rows / 64));
+    const int64_t block = std::max<int64_t>(1, (rows + blocks_per_band - 1) / blocks_per_band);
+    std::vector<T> partials((num_bands - 1) * rows * units, T(0));
+    auto band_output = [&](int b) { return b == 0 ? y : partials.data() + (b - 1) * rows * units; };
+    std::atomic<bool> bad_id(false);
+    RunWorkItems(ctx, num_bands * blocks_per_band, total_bytes >= kMinParallelBytes,
+                 [&](int64_t item) {
+      const int band = static_cast<int>(item / blocks_per_band);
+      const int64_t r0 = (item % blocks_per_band) * block, r1 = std::min(rows, r0 + block);
+      for (int i = band * num_sites / num_bands;
+           i < (band + 1) * num_sites / num_bands && r0 < r1 && !bad_id.load(); ++i) {
+        const KernelSlice<T> k{kt.data(), attrs_.width, units, attrs_.stitch.columns[i],
+                               attrs_.stitch.row_blocks[i]};
+        const bool ok = DispatchDim(dims[i], [&](auto dim) {
+          return ProjectSite<decltype(dim)::value>(sites[i], pooled.index[i], site_tables[i],
+                                                    dims[i], k, r0, r1, band_output(band));
+        });
+        if (!ok) bad_id.store(true);
+      }
+    });
+    OP_REQUIRES(ctx, !bad_id.load(), FirstBadId(kProjectionOp, layout, sites));
+    for (int b = 1; b < num_bands; ++b) {
+      const T* partial = band_output(b);
+      for (int64_t k = 0; k < rows * units; ++k) y[k] += partial[k];
+    }
+  }
+
+ private:
+  ProjectionAttrs attrs_;
+};
+
+// The gradients of a projection from dy [rows, units]: each table's row-sparse
+// gradient and the kernel's. For a site and each unique row u of its cluster, the
+// entries' upstream rows are first summed, s_u = sum of scale * dy[row] (units
+// values), then row u's gradient gains kernel slice * s_u and the kernel slice gains
+// table[u] * s_u: one pass over the ids, then work per unique row only. A cluster is
+// one work item; its sites' kernel columns are its own, so every sum has one order.
+// `out` receives the cluster's [unique rows, d] gradient.
+template <int64_t kD, typename T, typename Tid>
+void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
+                        const std::vector<KernelSlice<T>>& slices,
+                        const std::vector<const T*>& scales, const RowClusters::Cluster& c,
+                        const T* table, int64_t d, const T* dy, T* out, T* dkt) {
+  const int64_t num_unique = c.num_unique();
+  const int64_t units = slices.empty() ? 0 : slices[0].units;
+  std::fill(out, out + num_unique * d, T(0));
+  thread_local std::vector<T> sums;
+  for (size_t k = 0; k < c.sites.size(); ++k) {
+    const int i = c.sites[k];
+    const Site<T, Tid> s = sites[i];
+    const KernelSlice<T> slice = slices[i];
+    const uint32_t* inverse = c.inverse.get() + c.site_begin[k];
+    for (int64_t slot = 0; slot < slice.blocks; ++slot) {
+      sums.assign(num_unique * units, T(0));
+      if (s.pooled) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          const int64_t seg = s.segments[j];
+          if (seg % slice.blocks != slot) continue;
+          const T scale = scales[i] ? scales[i][seg] : T(1);
+          const T* g = dy + (seg / slice.blocks) * units;
+          T* sum = sums.data() + inverse[j] * units;
+          for (int64_t p = 0; p < units; ++p) sum[p] += scale * g[p];
+        }
+      } else {
+        for (int64_t j = slot; j < s.n; j += slice.blocks) {
+          const T* g = dy + (j / slice.blocks) * units;
+          T* sum = sums.data() + inverse[j] * units;
+          for (int64_t p = 0; p < units; ++p) sum[p] += g[p];
+        }
+      }
+      const int64_t ahead = PrefetchDistance(d * sizeof(T));
+      for (int64_t u = 0; u < num_unique; ++u) {
+        if (u + ahead < num_unique) {
+          PrefetchBytes(table + c.rows[u + ahead] * d, d * sizeof(T));
+          PrefetchBytes(out + (u + ahead) * d, d * sizeof(T));
+        }
+        const T* sum = sums.data() + u * units;
+        const T* row = table + c.rows[u] * d;
+        for (int64_t p = 0; p < units; ++p) {
+          if (sum[p] == T(0)) continue;
+          AxpyRow<kD>(out + u * d, slice.weights(p, slot, d), sum[p], d);
+          AxpyRow<kD>(dkt + slice.offset(p, slot, d), row, sum[p], d);
+        }
+      }
+    }
+  }
+}
+
+// What both projection gradient ops compute from dy [rows, units], the kernel and the
+// tables' values: the inputs checked, each table's entries grouped by row, then each
+// cluster's row gradients, and the kernel's gradient.
+template <typename T, typename Tid>
+class ProjectionGradient {
+ public:
+  struct Table {
+    std::vector<Site<T, Tid>> sites;
+    std::vector<KernelSlice<T>> slices;
+    std::vector<const T*> scales;
+    RowClusters groups;
+    const T* values = nullptr;
+    int64_t d = 0;
+  };
+
+  // `tables` holds the tables' values (anything indexable by table giving a Tensor).
+  template <typename Tables>
+  Status Prepare(OpKernelContext* ctx, const char* op, const ProjectionAttrs& attrs,
+                 const Tables& tables) {
+    attrs_ = &attrs;
+    const PackedLayout& layout = attrs.layout;
+    dy_ = &ctx->input(0);
+    const Tensor& kernel = ctx->input(1);
+    std::vector<Site<T, Tid>> sites;
+    TF_RETURN_IF_ERROR(ReadSites(ctx, op, layout, &sites));
+    std::vector<const T*> site_tables;
+    std::vector<int64_t> dims;
+    TF_RETURN_IF_ERROR(SiteTables(op, layout, attrs.table_index, tables, &site_tables, &dims));
+    if (!TensorShapeUtils::IsMatrix(dy_->shape()) || dy_->dim_size(1) != kernel.dim_size(1)) {
+      return errors::InvalidArgument(op, ": grad must be [rows, units] with the kernel's ",
+                                     "units; got ", dy_->shape().DebugString(), " and kernel ",
+                                     kernel.shape().DebugString());
+    }
+    TF_RETURN_IF_ERROR(CheckProjection(op, layout, attrs.stitch, sites, dims, kernel,
+                                       attrs.width, dy_->dim_size(0)));
+    units_ = kernel.dim_size(1);
+    const int num_sites = layout.size();
+
+    // Per-segment scales of mean and sqrtn sites (checking the segment ids).
+    scale_buffers_.assign(num_sites, {});
+    std::vector<const T*> scales(num_sites, nullptr);
+    for (int i = 0; i < num_sites; ++i) {
+      if (!sites[i].pooled) continue;
+      const bool scaled = sites[i].combiner != Combiner::kSum;
+      if (scaled) scale_buffers_[i].resize(sites[i].num_segments);
+      if (!SegmentScales(sites[i], scaled ? scale_buffers_[i].data() : nullptr)) {
+        return FirstBadSegment(op, layout, sites);
+      }
+      if (scaled) scales[i] = scale_buffers_[i].data();
+    }
+    kt_ = Transposed(kernel.flat<T>().data(), attrs.width, units_);
+    dkt_.assign(units_ * attrs.width, T(0));
+
+    // Each table's entries grouped by row.
+    tables_ = std::vector<Table>(attrs.by_table.sites.size());
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      Table& g = tables_[t];
+      g.values = tables[t].template flat<T>().data();
+      g.d = tables[t].dim_size(1);
+      for (int i : attrs.by_table.sites[t]) {
+        g.sites.push_back(sites[i]);
+        g.slices.push_back({kt_.data(), attrs.width, units_, attrs.stitch.columns[i],
+                            attrs.stitch.row_blocks[i]});
+        g.scales.push_back(scales[i]);
+      }
+      TF_RETURN_IF_ERROR(GroupByRow(ctx, op, attrs.by_table.layouts[t], g.sites, &g.groups));
+    }
+    return OkStatus();
+  }
+
+  const std::vector<Table>& tables() const { return tables_; }
+
+  // Computes each cluster's row gradients into out(t, cluster), a [unique rows, d] buffer,
+  // then calls done(t, cluster, that buffer), on one thread per cluster: clusters of
+  // one table cover disjoint rows.
+  template <typename OutFn, typename DoneFn>
+  void Run(OpKernelContext* ctx, const OutFn& out, const DoneFn& done) {
+    std::vector<std::pair<int, int>> items;  // (table, cluster)
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      for (size_t k = 0; k < tables_[t].groups.clusters.size(); ++k) items.push_back({t, k});
+    }
+    auto cost = [&](const std::pair<int, int>& item) {
+      const auto& c = tables_[item.first].groups.clusters[item.second];
+      return c.num_entries() + c.num_unique() * tables_[item.first].d;
+    };
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
+    int64_t total = 0;
+    for (const auto& item : items) total += cost(item);
+    RunWorkItems(ctx, items.size(), total * sizeof(T) >= kMinParallelBytes, [&](int64_t k) {
+      const int t = items[k].first;
+      const Table& g = tables_[t];
+      const RowClusters::Cluster& c = g.groups.clusters[items[k].second];
+      T* grads = out(t, c);
+      DispatchDim(g.d, [&](auto dim) {
+        ProjectClusterGrad<decltype(dim)::value>(g.sites, g.slices, g.scales, c, g.values, g.d,
+                                                 dy_->flat<T>().data(), grads, dkt_.data());
+      });
+      done(t, c, grads);
+    });
+  }
+
+  // The kernel's gradient, once Run is done.
+  Status KernelGrad(OpKernelContext* ctx) const {
+    Tensor* kernel_grad;
+    TF_RETURN_IF_ERROR(ctx->allocate_output("kernel_grad", ctx->input(1).shape(), &kernel_grad));
+    T* dk = kernel_grad->flat<T>().data();
+    const int64_t width = attrs_->width;
+    for (int64_t c = 0; c < width; ++c) {
+      for (int64_t p = 0; p < units_; ++p) dk[c * units_ + p] = dkt_[p * width + c];
+    }
+    return OkStatus();
+  }
+
+ private:
+  const ProjectionAttrs* attrs_ = nullptr;
+  const Tensor* dy_ = nullptr;
+  int64_t units_ = 0;
+  std::vector<std::vector<T>> scale_buffers_;
+  std::vector<T> kt_, dkt_;
+  std::vector<Table> tables_;
+};
+
+template <typename T, typename Tid>
+class StitchedProjectionGradOp : public OpKernel {
+ public:
+  explicit StitchedProjectionGradOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionGradOp));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList tables;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    ProjectionGradient<T, Tid> gradient;
+    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradOp, attrs_, tables));
+    OpOutputList unique_list, grads_list;
+    OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
+    OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
+    std::vector<T*> row_grads;
+    for (size_t t = 0; t < gradient.tables().size(); ++t) {
+      const auto& g = gradient.tables()[t];
+      Tensor *unique, *grads;
+      OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({g.groups.num_unique}), &unique));
+      OP_REQUIRES_OK(ctx, grads_list.allocate(t, TensorShape({g.groups.num_unique, g.d}), &grads));
+      int64_t* rows = unique->flat<int64_t>().data();
+      for (const auto& c : g.groups.clusters) {
+        std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
+      }
+      row_grads.push_back(grads->flat<T>().data());
+    }
+    gradient.Run(
+        ctx,
+        [&](int t, const RowClusters::Cluster& c) {
+          return row_grads[t] + c.unique_begin * gradient.tables()[t].d;
+        },
+        [](int, const RowClusters::Cluster&, const T*) {});
+    OP_REQUIRES_OK(ctx, gradient.KernelGrad(ctx));
+  }
+
+ private:
+  ProjectionAttrs attrs_;
+};
+
+// The projection's gradient applied by an optimizer to the tables in place: each
+// cluster's row gradients go to the optimizer's update of those rows (their table
+// rows still in cache from the kernel gradient) instead of to an output, and only
+// the kernel's gradient is returned. Rows without a gradient are left alone (the
+// lazy form, which is Keras' own for Adagrad and momentum-free SGD). Each table row's
+// value is read for the kernel gradient before its own cluster updates it.
+template <typename T, typename Tid>
+class StitchedProjectionGradApplyOp : public OpKernel {
+ public:
+  explicit StitchedProjectionGradApplyOp(OpKernelConstruction* c) : OpKernel(c), update_(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionGradApplyOp));
+    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &num_slots_));
+    OP_REQUIRES_OK(c, c->GetAttr("hyper_names", &hyper_names_));
+    int num_tables, num_table_slots;
+    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables));
+    OP_REQUIRES_OK(c, c->GetAttr("num_table_slots", &num_table_slots));
+    OP_REQUIRES(c, num_table_slots == num_tables * num_slots_,
+                errors::InvalidArgument(kProjectionGradApplyOp, ": ", num_tables, " tables with ",
+                                        num_slots_, " slots each need ", num_tables * num_slots_,
+                                        " slot variables; got ", num_table_slots));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    int vars_begin, vars_end, slots_begin, slots_end;
+    OP_REQUIRES_OK(ctx, InputRange("vars", &vars_begin, &vars_end));
+    OP_REQUIRES_OK(ctx, InputRange("slots", &slots_begin, &slots_end));
+    std::vector<int> inputs;
+    for (int i = vars_begin; i < vars_end; ++i) inputs.push_back(i);
+    for (int i = slots_begin; i < slots_end; ++i) inputs.push_back(i);
+    picasso::LockedVariables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, inputs, DataTypeToEnum<T>::v()));
+    std::vector<Tensor> vars;  // the tables, then table-major slots
+    OP_REQUIRES_OK(ctx, locked.Tensors<T>(ctx, &vars));
+    const int num_tables = vars_end - vars_begin;
+    for (int t = 0; t < num_tables; ++t) {
+      for (int k = 0; k < num_slots_; ++k) {
+        const Tensor& slot = vars[num_tables + t * num_slots_ + k];
+        OP_REQUIRES(ctx, slot.shape() == vars[t].shape(),
+                    errors::InvalidArgument(kProjectionGradApplyOp, ": slot ", k, " of table ",
+                                            t, " has shape ", slot.shape().DebugString(),
+                                            ", the table ", vars[t].shape().DebugString()));
+      }
+    }
+    ProjectionGradient<T, Tid> gradient;
+    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradApplyOp, attrs_, vars));
+
+    picasso::ScalarInputs<T> scalars(ctx, hyper_names_, "hyper");
+    const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
+    OP_REQUIRES_OK(ctx, update_.With(scalars, [&](const auto& update) {
+      gradient.Run(
+          ctx,
+          [&](int t, const RowClusters::Cluster& c) {
+            thread_local std::vector<T> buffer;
+            buffer.resize(c.num_unique() * vars[t].dim_size(1));
+            return buffer.data();
+          },
+          [&](int t, const RowClusters::Cluster& c, const T* grads) {
+            const int64_t d = vars[t].dim_size(1);
+            T* table = vars[t].flat<T>().data();
+            T* slot_tables[picasso::kMaxSlots] = {};
+            for (int k = 0; k < num_slots_; ++k) {
+              slot_tables[k] = vars[num_tables + t * num_slots_ + k].flat<T>().data();
+            }
+            const int64_t ahead = PrefetchDistance(d * sizeof(T));
+            T* slots[picasso::kMaxSlots] = {};
+            for (int64_t u = 0; u < c.num_unique(); ++u) {
+              if (u + ahead < c.num_unique()) {
+                for (int k = 0; k < num_slots_; ++k) {
+                  PrefetchBytes(slot_tables[k] + c.rows[u + ahead] * d, d * sizeof(T));
+                }
+              }
+              const int64_t row = c.rows[u];
+              for (int k = 0; k < num_slots_; ++k) slots[k] = slot_tables[k] + row * d;
+              picasso::UpdateRow<true>(update, table + row * d, slots, grads + u * d, d,
+                                       weight_decay, lr);
+            }
+          });
+    }));
+    OP_REQUIRES_OK(ctx, gradient.KernelGrad(ctx));
+  }
+
+ private:
+  ProjectionAttrs attrs_;
+  picasso::AnyUpdate<T> update_;
+  int num_slots_ = 0;
+  std::vector<std::string> hyper_names_;
+};
+
+Status ProjectionShape(InferenceContext* c) {
+  ShapeHandle kernel;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(c->num_inputs() - 1), 2, &kernel));
+  c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, c->Dim(kernel, 1)));
+  return OkStatus();
+}
+
+Status ProjectionGradShape(InferenceContext* c) {
+  int num_tables;
+  TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
+  for (int t = 0; t < num_tables; ++t) {
+    ShapeHandle table;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 + t), 2, &table));
+    c->set_output(t, c->Vector(InferenceContext::kUnknownDim));
+    c->set_output(num_tables + t, c->Matrix(InferenceContext::kUnknownDim, c->Dim(table, 1)));
+  }
+  c->set_output(2 * num_tables, c->input(1));
+  return OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("PicassoStitchedProjection")
+    .Input("tables: G * T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("kernel: T")
+    .Output("output: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(ProjectionShape)
+    .Doc(R"doc(
+The product of a stitched lookup (as PicassoStitchedLookup lays out its sites, in
+columns of a [rows, width] tensor) with kernel [width, units], units <= 8, without
+building the lookup: output [rows, units]. Columns no site covers contribute
+nothing. Sites take no per-id weights.
+)doc");
+
+REGISTER_OP("PicassoStitchedProjectionGrad")
+    .Input("grad: T")
+    .Input("kernel: T")
+    .Input("tables: G * T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Output("unique_rows: G * int64")
+    .Output("row_grads: G * T")
+    .Output("kernel_grad: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(ProjectionGradShape)
+    .Doc(R"doc(
+The gradients of PicassoStitchedProjection from that of its output: per table,
+ascending unique rows and their summed gradient rows; and the kernel's gradient
+(zero in the columns no site covers).
+)doc");
+
+REGISTER_OP("PicassoStitchedProjectionGradApply")
+    .Input("grad: T")
+    .Input("kernel: T")
+    .Input("vars: G * resource")
+    .Input("slots: num_table_slots * resource")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("hyper: num_hyper * T")
+    .Output("kernel_grad: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .Attr("optimizer: {'sgd', 'adagrad', 'ftrl', 'adam', 'rmsprop'}")
+    .Attr("num_slots: int >= 0")
+    .Attr("num_table_slots: int >= 0")
+    .Attr("num_hyper: int >= 0")
+    .Attr("hyper_names: list(string)")
+    .Attr("nesterov: bool = false")
+    .Attr("amsgrad: bool = false")
+    .Attr("centered: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+PicassoStitchedProjectionGrad with the tables' gradients applied in place by an
+optimizer (sparse_updates.h) instead of returned: vars are the G tables' variables,
+slots their optimizer slots table by table (num_slots each, in the order the
+PicassoSparseApply op of `optimizer` takes them), hyper that op's scalar inputs in
+the order of hyper_names. Only the rows with a gradient are updated. Returns the
+kernel's gradient.
+)doc");
+
+#define REGISTER_PROJECTION(T, Tid)                                                      \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjection")                              \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedProjectionOp<T, Tid>);                                 \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjectionGrad")                          \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedProjectionGradOp<T, Tid>);                             \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjectionGradApply")                     \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedProjectionGradApplyOp<T, Tid>);
+REGISTER_PROJECTION(float, int32_t)
+REGISTER_PROJECTION(float, int64_t)
+REGISTER_PROJECTION(double, int32_t)
+REGISTER_PROJECTION(double, int64_t)
+#undef REGISTER_PROJECTION
+
+}  // namespace tensorflow
