@@ -294,3 +294,27 @@ def test_a_concatenation_feeding_a_narrow_dense_is_projected_and_trains_like_the
     projected.picasso.write_back()
     for b, o in zip(baseline.weights, projected.original.weights):
         np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
+
+
+def test_tables_are_updated_in_the_gradient_kernel_inside_keras_step_loops_too():
+    """steps_per_execution > 1 traces the step in a loop body, whose tables are captures
+    of captures: still recognised, and training equals one step per call."""
+    def build():
+        tf.keras.utils.set_random_seed(5)
+        x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
+        parts = [tf.keras.layers.Embedding(v, d, name=f"emb_{n}")(x[n]) for n, v, d in FIELDS]
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()(parts)))
+
+    data = batches(6)
+    x = {n: np.concatenate([b[0][n] for b in data]) for n, _, _ in FIELDS}
+    y = np.concatenate([b[1] for b in data])
+    weights = {}
+    for steps in (1, 3):
+        model = picasso.optimize(build())
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.2), loss="binary_crossentropy",
+                      steps_per_execution=steps)
+        model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+        assert sorted(model.picasso.updated_in_gradient) == sorted(v.name for v in model.packed_tables)
+        weights[steps] = [w.numpy() for w in model.weights]
+    for a, b in zip(weights[1], weights[3]):
+        np.testing.assert_array_equal(a, b)
