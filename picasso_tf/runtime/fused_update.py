@@ -73,8 +73,8 @@ class InGradientUpdates:
 
 
 def _variable_read_only_as(value, tables):
-    """The packed table variable (a key of `tables`) whose one read in the graph gives
-    `value`, itself used by one op; else None."""
+    """The variable of the packed table (among `tables`' values) whose one read in the
+    graph gives `value`, itself used by one op; else None."""
     read = value.op
     if read.type != "ReadVariableOp" or len(value.consumers()) != 1:
         return None
