@@ -171,6 +171,9 @@ def test_gradient_apply_errors_name_the_problem():
     with pytest.raises(tf.errors.InvalidArgumentError, match="no hyper-parameter named `epsilon`"):
         _train_step(tables, good, sites, kernel, upstream, kwargs, no_epsilon, in_kernel=True)
     adagrad = IN_KERNEL_UPDATES["adagrad_weight_decay"][1]
+    mixed = iter([adagrad, lambda s: sparse_apply.sgd_update(lr=0.1, momentum_slot=s[0], momentum=0.9)] * 2)
+    with pytest.raises(ValueError, match="one projection's tables need one update.*sgd"):
+        _train_step(tables, good, sites, kernel, upstream, kwargs, lambda s: next(mixed)(s), in_kernel=True)
     short = [[np.ones((t.shape[0] - 1, t.shape[1]), np.float32)] for t in tables]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"slot 0 of table 0 has shape \[399,4\]"):
         _train_step(tables, short, sites, kernel, upstream, kwargs, adagrad, in_kernel=True)

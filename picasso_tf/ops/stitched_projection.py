@@ -43,23 +43,25 @@ def stitched_projection(tables, ids_list, segment_ids_list=None, num_segments_li
         combiners=list(combiners), feature_names=list(feature_names), name=name)
 
 
+_in_gradient = threading.local()
+
+
 @contextlib.contextmanager
 def update_tables_in_gradient(updates):
     """While active, differentiating a stitched projection asks
     ``updates.for_tables(tables)`` (the op's table inputs, the values it read) for a
-    list of (variable, ``sparse_apply.Update``), one per table. Given one, the gradient
-    is PicassoStitchedProjectionGradApply: the tables' gradients are applied to the
-    variables inside the kernel that computes them (never returned: the tables get no
-    gradient), and ``updates.record(op, variables)`` receives the op and its variables. ``None`` changes nothing."""
+    list of (variable, ``sparse_apply.Update``), one per table, or None. Given one, the
+    gradient is PicassoStitchedProjectionGradApply: the tables' gradients are applied
+    to the variables inside the kernel that computes them (never returned: the tables
+    get no gradient), and ``updates.record(op, variables)`` receives the op. One kernel
+    runs one update: the Updates may differ only in their slot variables (the first's
+    hyper-parameters serve all). ``updates=None`` changes nothing."""
     previous = getattr(_in_gradient, "updates", None)
     _in_gradient.updates = updates
     try:
         yield
     finally:
         _in_gradient.updates = previous
-
-
-_in_gradient = threading.local()
 
 
 class FixedTableUpdates:
@@ -92,6 +94,11 @@ def _stitched_projection_gradient(op, grad):
     planned = in_gradient.for_tables(tables) if in_gradient is not None else None
     if planned:
         first = planned[0][1]
+        for variable, update in planned:
+            if (update.optimizer, update.attrs, len(update.slots)) != (first.optimizer, first.attrs, len(first.slots)):
+                raise ValueError(f"picasso_tf: one projection's tables need one update; {variable.name} has "
+                                 f"{update.optimizer} {update.attrs} with {len(update.slots)} slots, the first "
+                                 f"table {first.optimizer} {first.attrs} with {len(first.slots)}")
         hyper = first.hyper_tensors(tables[0].dtype)
         apply_op = _ops().picasso_stitched_projection_grad_apply(
             vars=[v.handle for v, _ in planned], slots=[s.handle for _, u in planned for s in u.slots],
