@@ -8,6 +8,13 @@
 //   PicassoStitchedProjectionGradApply  the same gradient, each table's rows given
 //                                       straight to an optimizer's update
 //                                       (sparse_updates.h); returns the kernel's.
+//   PicassoStitchedProduct              forwards the product of a stitched lookup and a
+//                                       wide kernel (a MatMul computes it); its gradient
+//                                       is the projection's, so neither the lookup's
+//                                       gradient nor the MatMul's is built.
+// GCC 12 warns inside its own AVX-512 intrinsics as Eigen's matrix product inlines them
+// (GCC bug 105593, a false positive fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define EIGEN_USE_THREADS  // before any Eigen header: variable updates run on the CPU device
 
 #include "packed_sites.h"
@@ -111,18 +118,17 @@ bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table,
   return true;
 }
 
-// Checks what both projection ops take: no per-id weights, a [width, units] kernel
-// with units <= kMaxProjectionUnits, and sites that fit the stitched columns without
-// overlapping. Returns the rows through *rows (from the sites, or from the gradient).
+// Checks what the projection ops take: no per-id weights, a [width, units] kernel
+// with 1 to max_units units, and sites that fit the stitched columns without
+// overlapping, in `rows` rows.
 template <typename T, typename Tid>
 Status CheckProjection(const char* op, const PackedLayout& layout, const StitchLayout& stitch,
                        const std::vector<Site<T, Tid>>& sites, const std::vector<int64_t>& dims,
-                       const Tensor& kernel, int64_t width, int64_t rows) {
+                       const Tensor& kernel, int64_t width, int64_t rows, int64_t max_units) {
   if (!TensorShapeUtils::IsMatrix(kernel.shape()) || kernel.dim_size(0) != width ||
-      kernel.dim_size(1) < 1 || kernel.dim_size(1) > kMaxProjectionUnits) {
+      kernel.dim_size(1) < 1 || kernel.dim_size(1) > max_units) {
     return errors::InvalidArgument(op, ": kernel must be [width ", width, ", units] with 1 to ",
-                                   kMaxProjectionUnits, " units; got ",
-                                   kernel.shape().DebugString());
+                                   max_units, " units; got ", kernel.shape().DebugString());
   }
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (int i = 0; i < layout.size(); ++i) {
@@ -186,7 +192,7 @@ class StitchedProjectionOp : public OpKernel {
     const Tensor& kernel = ctx->input(ctx->num_inputs() - 1);
     const int64_t rows = sites[0].out_rows() / attrs_.stitch.row_blocks[0];
     OP_REQUIRES_OK(ctx, CheckProjection(kProjectionOp, layout, attrs_.stitch, sites, dims,
-                                        kernel, attrs_.width, rows));
+                                        kernel, attrs_.width, rows, kMaxProjectionUnits));
     const int64_t units = kernel.dim_size(1);
     Tensor* output;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, units}), &output));
@@ -240,54 +246,101 @@ class StitchedProjectionOp : public OpKernel {
 // gradient and the kernel's. For a site and each unique row u of its cluster, the
 // entries' upstream rows are first summed, s_u = sum of scale * dy[row] (units
 // values), then row u's gradient gains kernel slice * s_u and the kernel slice gains
-// table[u] * s_u: one pass over the ids, then work per unique row only. A cluster is
-// one work item; its sites' kernel columns are its own, so every sum has one order.
-// `out` receives the cluster's [unique rows, d] gradient.
+// table[u] * s_u: one pass over the ids, then work per unique row only (a dense
+// gradient would do that work per entry). A cluster is one work item; its sites'
+// kernel columns are its own, so every sum has one order.
+
+// Fills sums [unique rows, units] with s_u for the entries of site s in row block
+// `slot` (inverse: each entry's unique row).
+template <typename T, typename Tid>
+void SumUpstream(const Site<T, Tid>& s, int64_t blocks, int64_t slot, const T* scales,
+                 const uint32_t* inverse, const T* dy, int64_t units, T* sums) {
+  if (s.pooled) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      const int64_t seg = s.segments[j];
+      if (seg % blocks != slot) continue;
+      const T scale = scales ? scales[seg] : T(1);
+      const T* g = dy + (seg / blocks) * units;
+      T* sum = sums + inverse[j] * units;
+      for (int64_t p = 0; p < units; ++p) sum[p] += scale * g[p];
+    }
+    return;
+  }
+  for (int64_t j = slot; j < s.n; j += blocks) {
+    const T* g = dy + (j / blocks) * units;
+    T* sum = sums + inverse[j] * units;
+    for (int64_t p = 0; p < units; ++p) sum[p] += g[p];
+  }
+}
+
+// A narrow kernel (at most kMaxProjectionUnits units, kept transposed in kt/dkt):
+// per unique row and unit, one axpy into its gradient and one into the kernel's.
+template <int64_t kD, typename T>
+void NarrowRowGrads(const KernelSlice<T>& slice, int64_t slot, const T* sums,
+                    const std::vector<int64_t>& rows, const T* table, int64_t d, T* out, T* dkt) {
+  const int64_t units = slice.units, num_unique = static_cast<int64_t>(rows.size());
+  const int64_t ahead = PrefetchDistance(d * sizeof(T));
+  for (int64_t u = 0; u < num_unique; ++u) {
+    if (u + ahead < num_unique) {
+      PrefetchBytes(table + rows[u + ahead] * d, d * sizeof(T));
+      PrefetchBytes(out + (u + ahead) * d, d * sizeof(T));
+    }
+    const T* sum = sums + u * units;
+    const T* row = table + rows[u] * d;
+    for (int64_t p = 0; p < units; ++p) {
+      if (sum[p] == T(0)) continue;
+      AxpyRow<kD>(out + u * d, slice.weights(p, slot, d), sum[p], d);
+      AxpyRow<kD>(dkt + slice.offset(p, slot, d), row, sum[p], d);
+    }
+  }
+}
+
+template <typename T>
+using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// A wide kernel ([width, units] as given): the same two updates for all unique rows
+// at once, as matrix products: out += S W_s^T and dW_s += E^T S, with S the summed
+// upstream rows [unique, units], W_s and dW_s the slot's d kernel rows [d, units] and
+// E the unique rows' values [unique, d] (gathered into `gathered`).
+template <typename T>
+void WideRowGrads(const T* kernel, int64_t units, int64_t first_column, const T* sums,
+                  const std::vector<int64_t>& rows, const T* table, int64_t d, T* out, T* dk,
+                  std::vector<T>* gathered) {
+  const int64_t num_unique = static_cast<int64_t>(rows.size());
+  gathered->resize(num_unique * d);
+  for (int64_t u = 0; u < num_unique; ++u) {
+    std::copy_n(table + rows[u] * d, d, gathered->data() + u * d);
+  }
+  Eigen::Map<const RowMajorMatrix<T>> s(sums, num_unique, units);
+  Eigen::Map<const RowMajorMatrix<T>> w(kernel + first_column * units, d, units);
+  Eigen::Map<const RowMajorMatrix<T>> e(gathered->data(), num_unique, d);
+  Eigen::Map<RowMajorMatrix<T>>(out, num_unique, d).noalias() += s * w.transpose();
+  Eigen::Map<RowMajorMatrix<T>>(dk + first_column * units, d, units).noalias() += e.transpose() * s;
+}
+
+// `out` receives the cluster's [unique rows, d] gradient; dk is the kernel's gradient
+// (transposed for a narrow kernel, as kt).
 template <int64_t kD, typename T, typename Tid>
 void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
                         const std::vector<KernelSlice<T>>& slices,
                         const std::vector<const T*>& scales, const RowClusters::Cluster& c,
-                        const T* table, int64_t d, const T* dy, T* out, T* dkt) {
+                        const T* table, int64_t d, const T* dy, const T* kernel, T* out, T* dk) {
   const int64_t num_unique = c.num_unique();
   const int64_t units = slices.empty() ? 0 : slices[0].units;
   std::fill(out, out + num_unique * d, T(0));
-  thread_local std::vector<T> sums;
+  thread_local std::vector<T> sums, gathered;
   for (size_t k = 0; k < c.sites.size(); ++k) {
-    const int i = c.sites[k];
-    const Site<T, Tid> s = sites[i];
-    const KernelSlice<T> slice = slices[i];
+    const KernelSlice<T>& slice = slices[c.sites[k]];
     const uint32_t* inverse = c.inverse.get() + c.site_begin[k];
     for (int64_t slot = 0; slot < slice.blocks; ++slot) {
       sums.assign(num_unique * units, T(0));
-      if (s.pooled) {
-        for (int64_t j = 0; j < s.n; ++j) {
-          const int64_t seg = s.segments[j];
-          if (seg % slice.blocks != slot) continue;
-          const T scale = scales[i] ? scales[i][seg] : T(1);
-          const T* g = dy + (seg / slice.blocks) * units;
-          T* sum = sums.data() + inverse[j] * units;
-          for (int64_t p = 0; p < units; ++p) sum[p] += scale * g[p];
-        }
+      SumUpstream(sites[c.sites[k]], slice.blocks, slot, scales[c.sites[k]], inverse, dy, units,
+                  sums.data());
+      if (units <= kMaxProjectionUnits) {
+        NarrowRowGrads<kD>(slice, slot, sums.data(), c.rows, table, d, out, dk);
       } else {
-        for (int64_t j = slot; j < s.n; j += slice.blocks) {
-          const T* g = dy + (j / slice.blocks) * units;
-          T* sum = sums.data() + inverse[j] * units;
-          for (int64_t p = 0; p < units; ++p) sum[p] += g[p];
-        }
-      }
-      const int64_t ahead = PrefetchDistance(d * sizeof(T));
-      for (int64_t u = 0; u < num_unique; ++u) {
-        if (u + ahead < num_unique) {
-          PrefetchBytes(table + c.rows[u + ahead] * d, d * sizeof(T));
-          PrefetchBytes(out + (u + ahead) * d, d * sizeof(T));
-        }
-        const T* sum = sums.data() + u * units;
-        const T* row = table + c.rows[u] * d;
-        for (int64_t p = 0; p < units; ++p) {
-          if (sum[p] == T(0)) continue;
-          AxpyRow<kD>(out + u * d, slice.weights(p, slot, d), sum[p], d);
-          AxpyRow<kD>(dkt + slice.offset(p, slot, d), row, sum[p], d);
-        }
+        WideRowGrads(kernel, units, slice.column + slot * d, sums.data(), c.rows, table, d, out,
+                     dk, &gathered);
       }
     }
   }
@@ -327,7 +380,8 @@ class ProjectionGradient {
                                      kernel.shape().DebugString());
     }
     TF_RETURN_IF_ERROR(CheckProjection(op, layout, attrs.stitch, sites, dims, kernel,
-                                       attrs.width, dy_->dim_size(0)));
+                                       attrs.width, dy_->dim_size(0),
+                                       std::numeric_limits<int64_t>::max()));
     units_ = kernel.dim_size(1);
     const int num_sites = layout.size();
 
@@ -343,8 +397,10 @@ class ProjectionGradient {
       }
       if (scaled) scales[i] = scale_buffers_[i].data();
     }
-    kt_ = Transposed(kernel.flat<T>().data(), attrs.width, units_);
-    dkt_.assign(units_ * attrs.width, T(0));
+    // A narrow kernel is read transposed (see KernelSlice), a wide one as it is.
+    kernel_ = kernel.flat<T>().data();
+    if (units_ <= kMaxProjectionUnits) kt_ = Transposed(kernel_, attrs.width, units_);
+    dk_.assign(units_ * attrs.width, T(0));
 
     // Each table's entries grouped by row.
     tables_ = std::vector<Table>(attrs.by_table.sites.size());
@@ -389,7 +445,8 @@ class ProjectionGradient {
       T* grads = out(t, c);
       DispatchDim(g.d, [&](auto dim) {
         ProjectClusterGrad<decltype(dim)::value>(g.sites, g.slices, g.scales, c, g.values, g.d,
-                                                 dy_->flat<T>().data(), grads, dkt_.data());
+                                                 dy_->flat<T>().data(), kernel_, grads,
+                                                 dk_.data());
       });
       done(t, c, grads);
     });
@@ -401,8 +458,12 @@ class ProjectionGradient {
     TF_RETURN_IF_ERROR(ctx->allocate_output("kernel_grad", ctx->input(1).shape(), &kernel_grad));
     T* dk = kernel_grad->flat<T>().data();
     const int64_t width = attrs_->width;
+    if (units_ > kMaxProjectionUnits) {
+      std::copy(dk_.begin(), dk_.end(), dk);
+      return OkStatus();
+    }
     for (int64_t c = 0; c < width; ++c) {
-      for (int64_t p = 0; p < units_; ++p) dk[c * units_ + p] = dkt_[p * width + c];
+      for (int64_t p = 0; p < units_; ++p) dk[c * units_ + p] = dk_[p * width + c];
     }
     return OkStatus();
   }
@@ -412,7 +473,8 @@ class ProjectionGradient {
   const Tensor* dy_ = nullptr;
   int64_t units_ = 0;
   std::vector<std::vector<T>> scale_buffers_;
-  std::vector<T> kt_, dkt_;
+  const T* kernel_ = nullptr;
+  std::vector<T> kt_, dk_;   // kt_: a narrow kernel transposed; dk_: as kt_ if narrow
   std::vector<Table> tables_;
 };
 
@@ -544,6 +606,26 @@ class StitchedProjectionGradApplyOp : public OpKernel {
   std::vector<std::string> hyper_names_;
 };
 
+// Forwards `product`, which the graph computes as stitched lookup @ kernel: the op is
+// where the Python gradient (the projection's) finds the tables and the sites.
+class StitchedProductOp : public OpKernel {
+ public:
+  explicit StitchedProductOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& product = ctx->input(0);
+    const Tensor& kernel = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(product.shape()) &&
+                         TensorShapeUtils::IsMatrix(kernel.shape()) &&
+                         product.dim_size(1) == kernel.dim_size(1),
+                errors::InvalidArgument("PicassoStitchedProduct: product must be [rows, units] ",
+                                        "with the kernel's units; got ",
+                                        product.shape().DebugString(), " and kernel ",
+                                        kernel.shape().DebugString()));
+    ctx->set_output(0, product);
+  }
+};
+
 Status ProjectionShape(InferenceContext* c) {
   ShapeHandle kernel;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(c->num_inputs() - 1), 2, &kernel));
@@ -669,6 +751,39 @@ the order of hyper_names. Only the rows with a gradient are updated. Returns the
 kernel's gradient.
 )doc");
 
+REGISTER_OP("PicassoStitchedProduct")
+    .Input("product: T")
+    .Input("kernel: T")
+    .Input("tables: G * T")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("dense: M * T")
+    .Output("output: T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("M: int >= 0")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("width: int >= 1")
+    .Attr("table_index: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("dense_columns: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .SetShapeFn(shape_inference::UnchangedShape)
+    .Doc(R"doc(
+Forwards product, which must be the stitched lookup of these tables, sites and dense
+inputs (as PicassoStitchedLookup lays them out) times kernel [width, units]. Its
+gradient is PicassoStitchedProjectionGrad's (per table, unique rows and their
+gradients; the kernel's) plus the dense inputs' products, so the gradient of the
+[rows, width] lookup is never built.
+)doc");
+
 #define REGISTER_PROJECTION(T, Tid)                                                      \
   REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjection")                              \
                               .Device(DEVICE_CPU)                                        \
@@ -684,7 +799,12 @@ kernel's gradient.
                               .Device(DEVICE_CPU)                                        \
                               .TypeConstraint<T>("T")                                    \
                               .TypeConstraint<Tid>("Tid"),                               \
-                          StitchedProjectionGradApplyOp<T, Tid>);
+                          StitchedProjectionGradApplyOp<T, Tid>);                        \
+  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProduct")                                 \
+                              .Device(DEVICE_CPU)                                        \
+                              .TypeConstraint<T>("T")                                    \
+                              .TypeConstraint<Tid>("Tid"),                               \
+                          StitchedProductOp);
 REGISTER_PROJECTION(float, int32_t)
 REGISTER_PROJECTION(float, int64_t)
 REGISTER_PROJECTION(double, int32_t)

@@ -1,6 +1,7 @@
 """Stitched projections (PicassoStitchedProjection and its gradient): the product of a
 stitched lookup with a narrow kernel, against the unfused stitched lookup and MatMul;
-and the gradient applied to the tables inside its kernel, against the gradient then the
+the same gradient given to a MatMul with a wide kernel (PicassoStitchedProduct); and
+the gradient applied to the tables inside its kernel, against the gradient then the
 sparse update."""
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ import tensorflow as tf
 from picasso_tf.ops import sparse_apply
 from picasso_tf.ops.library import load
 from picasso_tf.ops.stitched_lookup import stitched_lookup
-from picasso_tf.ops.stitched_projection import FixedTableUpdates, stitched_projection, update_tables_in_gradient
+from picasso_tf.ops.stitched_projection import (FixedTableUpdates, stitched_product, stitched_projection,
+                                                update_tables_in_gradient)
 from test_ops_sparse_apply import FTRL_HP, HP, _adam_hp, _rms_hp
 from test_ops_stitched_lookup import SPECS as LOOKUP_SPECS, make_stitch
 
@@ -23,9 +25,14 @@ def site_kwargs(kwargs):
     return {k: v for k, v in kwargs.items() if k != "dense_columns"}
 
 
-def project(table_values, sites, kernel, kwargs):
-    return stitched_projection(table_values, [s["ids"] for s in sites], [s["seg"] for s in sites],
-                               [s["num_segments"] for s in sites], kernel=kernel, **site_kwargs(kwargs))
+def project(table_values, sites, kernel, kwargs, dense=None):
+    """The stitched lookup times the kernel: by the narrow projection, or (with the
+    dense inputs given) by a MatMul through PicassoStitchedProduct."""
+    per_site = ([s["ids"] for s in sites], [s["seg"] for s in sites], [s["num_segments"] for s in sites])
+    if dense is None:
+        return stitched_projection(table_values, *per_site, kernel=kernel, **site_kwargs(kwargs))
+    x = stitched_lookup(table_values, per_site[0], per_site[1], None, per_site[2], dense, **kwargs)
+    return stitched_product(x @ kernel, table_values, *per_site, dense, kernel=kernel, **kwargs)
 
 
 @pytest.mark.parametrize("units", [1, 3])
@@ -63,17 +70,65 @@ def test_projection_and_its_gradients_match_the_unfused_product(units, rows, id_
                                    rtol=1e-4, atol=1e-4, err_msg=f"gradient {k}")
 
 
-def test_projection_gradients_are_bit_identical_across_runs():
+@pytest.mark.parametrize("units", [9, 40])
+@pytest.mark.parametrize("rows", [0, 1, 37, 3000])
+def test_wide_product_gets_the_gradients_of_the_unfused_product(units, rows):
+    """A MatMul with more units than a projection folds keeps its product; through
+    PicassoStitchedProduct its tables get row-sparse gradients (per unique row), its
+    kernel and dense inputs theirs, as the stitched lookup and MatMul would give."""
+    rng = np.random.default_rng(rows + units)
+    tables, sites, dense, kwargs, _ = make_stitch(rng, rows, SPECS, DENSE)
+    kernel = rng.normal(size=(kwargs["width"], units)).astype(np.float32)
+    upstream = rng.normal(size=(rows, units)).astype(np.float32)
+
+    def gradients(fused):
+        table_vars, kernel_var = [tf.Variable(t) for t in tables], tf.Variable(kernel)
+        dense_vars = [tf.Variable(x) for x in dense]
+        with tf.GradientTape() as tape:
+            values = [v.read_value() for v in table_vars]
+            inputs = [v.read_value() for v in dense_vars]
+            if fused:
+                out = project(values, sites, kernel_var, kwargs, dense=inputs)
+            else:
+                out = stitched_lookup(values, [s["ids"] for s in sites], [s["seg"] for s in sites], None,
+                                      [s["num_segments"] for s in sites], inputs, **kwargs) @ kernel_var
+            loss = tf.reduce_sum(out * upstream)
+        return out, tape.gradient(loss, table_vars + [kernel_var] + dense_vars)
+
+    out, grads = gradients(fused=True)
+    expected, ref_grads = gradients(fused=False)
+    np.testing.assert_array_equal(out.numpy(), expected.numpy())
+    for k, (g, r) in enumerate(zip(grads, ref_grads)):
+        if k < len(tables) and rows:
+            assert isinstance(g, tf.IndexedSlices), "table gradients stay row-sparse"
+        np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(), tf.convert_to_tensor(r).numpy(),
+                                   rtol=1e-4, atol=1e-4, err_msg=f"gradient {k}")
+
+
+def test_wide_product_checks_its_kernel():
+    rng = np.random.default_rng(1)
+    tables, sites, dense, kwargs, _ = make_stitch(rng, 10, SPECS[:2], {})
+    x = stitched_lookup(tables, [s["ids"] for s in sites], [s["seg"] for s in sites], None,
+                        [s["num_segments"] for s in sites], [], **kwargs)
+    kernel = np.ones((kwargs["width"], 16), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"product must be \[rows, units\] with the kernel's"):
+        stitched_product(x @ kernel[:, :12], tables, [s["ids"] for s in sites], [s["seg"] for s in sites],
+                         [s["num_segments"] for s in sites], kernel=kernel, **kwargs)
+
+
+@pytest.mark.parametrize("units", [2, 20])
+def test_projection_gradients_are_bit_identical_across_runs(units):
     rng = np.random.default_rng(5)
-    tables, sites, _, kwargs, _ = make_stitch(rng, 3000, SPECS, DENSE)
-    kernel = tf.constant(rng.normal(size=(kwargs["width"], 2)).astype(np.float32))
-    upstream = tf.constant(rng.normal(size=(3000, 2)).astype(np.float32))
+    tables, sites, dense, kwargs, _ = make_stitch(rng, 3000, SPECS, DENSE)
+    kernel = tf.constant(rng.normal(size=(kwargs["width"], units)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(3000, units)).astype(np.float32))
 
     def run():
         table_vars = [tf.Variable(t) for t in tables]
         with tf.GradientTape() as tape:
             tape.watch(kernel)
-            out = project([v.read_value() for v in table_vars], sites, kernel, kwargs)
+            out = project([v.read_value() for v in table_vars], sites, kernel, kwargs,
+                          dense=dense if units > 8 else None)
             loss = tf.reduce_sum(out * upstream)
         grads = tape.gradient(loss, table_vars + [kernel])
         return [out.numpy()] + [tf.convert_to_tensor(g).numpy() for g in grads]
@@ -115,10 +170,11 @@ IN_KERNEL_UPDATES = {
 }
 
 
-def _train_step(tables, slots, sites, kernel, upstream, kwargs, make_update, in_kernel):
+def _train_step(tables, slots, sites, dense, kernel, upstream, kwargs, make_update, in_kernel):
     """One step of the projection's tables and slots (variables made from the arrays),
     the update applied inside the gradient kernel or after it (lazy: the rows with a
-    gradient). Returns the kernel gradient and every variable's new value."""
+    gradient). dense: None for a narrow projection, else the product's dense inputs.
+    Returns the kernel gradient and every variable's new value."""
     table_vars = [tf.Variable(t) for t in tables]
     slot_vars = [[tf.Variable(s) for s in per_table] for per_table in slots]
     updates = [make_update(s) for s in slot_vars]
@@ -126,7 +182,7 @@ def _train_step(tables, slots, sites, kernel, upstream, kwargs, make_update, in_
     @tf.function
     def step():
         values = [v.read_value() for v in table_vars]
-        loss = tf.reduce_sum(project(values, sites, kernel, kwargs) * upstream)
+        loss = tf.reduce_sum(project(values, sites, kernel, kwargs, dense) * upstream)
         if in_kernel:
             hook = FixedTableUpdates(zip(table_vars, updates))
             with update_tables_in_gradient(hook):
@@ -144,17 +200,18 @@ def _train_step(tables, slots, sites, kernel, upstream, kwargs, make_update, in_
     return [kernel_grad] + [v.numpy() for v in table_vars + [s for per in slot_vars for s in per]]
 
 
+@pytest.mark.parametrize("units", [2, 20])   # a narrow projection, a wide product
 @pytest.mark.parametrize("case", sorted(IN_KERNEL_UPDATES))
-def test_gradient_applied_inside_the_kernel_equals_the_gradient_then_the_update(case):
+def test_gradient_applied_inside_the_kernel_equals_the_gradient_then_the_update(case, units):
     """Bit for bit, for every optimizer form it serves: 3 tables (one of width 5, which
     takes the kernel's generic row path), one-hot, sequence and pooled sites, 3000 rows."""
     rng = np.random.default_rng(11)
-    tables, sites, _, kwargs, _ = make_stitch(rng, 3000, SPECS, DENSE)
-    kernel = tf.constant(rng.normal(size=(kwargs["width"], 2)).astype(np.float32))
-    upstream = tf.constant(rng.normal(size=(3000, 2)).astype(np.float32))
+    tables, sites, dense, kwargs, _ = make_stitch(rng, 3000, SPECS, DENSE)
+    kernel = tf.constant(rng.normal(size=(kwargs["width"], units)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(3000, units)).astype(np.float32))
     num_slots, make_update = IN_KERNEL_UPDATES[case]
     slots = [[rng.uniform(0.1, 1.0, size=t.shape).astype(np.float32) for _ in range(num_slots)] for t in tables]
-    args = (tables, slots, sites, kernel, upstream, kwargs, make_update)
+    args = (tables, slots, sites, dense if units > 8 else None, kernel, upstream, kwargs, make_update)
     fused, separate = _train_step(*args, in_kernel=True), _train_step(*args, in_kernel=False)
     assert not np.array_equal(fused[1], tables[0]), "the tables were updated"
     for k, (a, b) in enumerate(zip(fused, separate)):
@@ -169,11 +226,11 @@ def test_gradient_apply_errors_name_the_problem():
     good = [[np.ones(t.shape, np.float32)] for t in tables]
     no_epsilon = lambda s: sparse_apply.Update("adagrad", s, dict(lr=0.1, weight_decay=0.0))  # noqa: E731
     with pytest.raises(tf.errors.InvalidArgumentError, match="no hyper-parameter named `epsilon`"):
-        _train_step(tables, good, sites, kernel, upstream, kwargs, no_epsilon, in_kernel=True)
+        _train_step(tables, good, sites, None, kernel, upstream, kwargs, no_epsilon, in_kernel=True)
     adagrad = IN_KERNEL_UPDATES["adagrad_weight_decay"][1]
     mixed = iter([adagrad, lambda s: sparse_apply.sgd_update(lr=0.1, momentum_slot=s[0], momentum=0.9)] * 2)
     with pytest.raises(ValueError, match="one projection's tables need one update.*sgd"):
-        _train_step(tables, good, sites, kernel, upstream, kwargs, lambda s: next(mixed)(s), in_kernel=True)
+        _train_step(tables, good, sites, None, kernel, upstream, kwargs, lambda s: next(mixed)(s), in_kernel=True)
     short = [[np.ones((t.shape[0] - 1, t.shape[1]), np.float32)] for t in tables]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"slot 0 of table 0 has shape \[399,4\]"):
-        _train_step(tables, short, sites, kernel, upstream, kwargs, adagrad, in_kernel=True)
+        _train_step(tables, short, sites, None, kernel, upstream, kwargs, adagrad, in_kernel=True)

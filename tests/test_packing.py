@@ -255,17 +255,23 @@ def test_twin_concatenations_share_one_stitched_lookup():
                                run(baseline, tf.keras.optimizers.Adagrad(0.2), 20), rtol=1e-5, atol=1e-5)
 
 
-def test_a_concatenation_feeding_a_narrow_dense_is_projected_and_trains_like_the_baseline():
-    """A logistic regression over lookups, a flattened sequence and a dense feature:
-    its Dense(1) is folded into the lookups, so the concatenation is never built."""
+@pytest.mark.parametrize("units", [1, 16])
+def test_a_concatenation_feeding_a_dense_gets_the_projection_and_trains_like_the_baseline(units):
+    """Lookups, a flattened sequence and a trained dense input, concatenated into a
+    Dense: a logistic regression's Dense(1) is folded into the lookups (the
+    concatenation is never built); a Dense(16), an MLP's first layer, keeps its MatMul
+    and takes the projection's gradient (the concatenation's gradient is never built)."""
     def build():
         tf.keras.utils.set_random_seed(5)
         x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
         x["seq"] = tf.keras.Input((3,), dtype="int64", name="seq")
         x["num"] = tf.keras.Input((2,), name="num")
         seq = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(30, 4, name="emb_seq")(x["seq"]))
-        parts = [x["num"], seq] + [tf.keras.layers.Embedding(v, d, name=f"emb_{n}")(x[n]) for n, v, d in FIELDS]
-        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()(parts)))
+        num = tf.keras.layers.Dense(2, name="num_proj")(x["num"])
+        parts = [num, seq] + [tf.keras.layers.Embedding(v, d, name=f"emb_{n}")(x[n]) for n, v, d in FIELDS]
+        h = tf.keras.layers.Dense(units, activation="sigmoid" if units == 1 else "relu")(
+            tf.keras.layers.Concatenate()(parts))
+        return tf.keras.Model(x, h if units == 1 else tf.keras.layers.Dense(1, activation="sigmoid")(h))
 
     def stitches(model):
         return [p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"][0]["stitched"]
@@ -273,7 +279,8 @@ def test_a_concatenation_feeding_a_narrow_dense_is_projected_and_trains_like_the
     baseline, projected, again = build(), picasso.optimize(build()), picasso.optimize(build())
     plain = picasso.optimize(build(), projection=False)
     separate = picasso.optimize(build(), apply_in_gradient=False)
-    assert [(s["sites"], s["copied_inputs"], bool(s["projection"])) for s in stitches(projected)] == [(5, 1, True)]
+    assert [(s["sites"], s["copied_inputs"], bool(s["projection"]), s["projection_folded"])
+            for s in stitches(projected)] == [(5, 1, True, units <= 8)]
     assert [bool(s["projection"]) for s in stitches(plain)] == [False]
     losses = {}
     models = (("baseline", baseline), ("projected", projected), ("again", again), ("plain", plain),

@@ -12,6 +12,12 @@ Sites are laid out as in ``stitched_lookup`` (``columns``, ``row_blocks``); colu
 that no site covers (dense inputs of the concatenation) contribute nothing here:
 the caller adds their products. Sites take no per-id weights.
 
+A wider kernel (an MLP's first layer) is better multiplied by BLAS, so there the
+stitched lookup is built and a MatMul takes the product; ``stitched_product`` then
+passes the product on and gives it the projection's gradient: per unique row rather
+than per entry, as two small matrix products per site, instead of the MatMul's two
+[rows, width] products and the lookup's gradient over its [rows, width] input.
+
 Inside ``update_tables_in_gradient`` the gradient can instead hand each table's rows
 to an optimizer's update in the same kernel (custom_ops/stitched_projection_ops.cc),
 while they are in cache: the training step uses it where that is the same update.
@@ -48,9 +54,10 @@ _in_gradient = threading.local()
 
 @contextlib.contextmanager
 def update_tables_in_gradient(updates):
-    """While active, differentiating a stitched projection asks
-    ``updates.for_tables(tables)`` (the op's table inputs, the values it read) for a
-    list of (variable, ``sparse_apply.Update``), one per table, or None. Given one, the
+    """While active, differentiating a stitched projection (or product) asks
+    ``updates.for_tables(tables, also_read_by)`` (the op's table inputs, the values it
+    read; the other ops that read them, before the gradient) for a list of (variable,
+    ``sparse_apply.Update``), one per table, or None. Given one, the
     gradient is PicassoStitchedProjectionGradApply: the tables' gradients are applied
     to the variables inside the kernel that computes them (never returned: the tables
     get no gradient), and ``updates.record(op, variables)`` receives the op. One kernel
@@ -72,26 +79,79 @@ class FixedTableUpdates:
     def __init__(self, planned):
         self.planned, self.ops = list(planned), []
 
-    def for_tables(self, tables):
+    def for_tables(self, tables, also_read_by=()):
         return self.planned
 
     def record(self, op, variables):
         self.ops.append(op)
 
 
+def stitched_product(product, tables, ids_list, segment_ids_list=None, num_segments_list=None,
+                     dense_list=(), *, kernel, table_index, columns, row_blocks, dense_columns=(),
+                     width, offsets, vocab_sizes, combiners, feature_names, name=None):
+    """``product``, which must be ``stitched_lookup(tables, sites, dense_list) @ kernel``
+    (arguments as there), with the projection's gradient: the tables get row-sparse
+    gradients and the kernel and dense inputs theirs without the lookup's gradient."""
+    tables = [tf.convert_to_tensor(t) for t in tables]
+    ids, segment_ids, weights, num_segments = site_inputs(
+        tables[0].dtype, ids_list, segment_ids_list, None, num_segments_list,
+        offsets=offsets, vocab_sizes=vocab_sizes, combiners=combiners,
+        feature_names=feature_names, op_name="stitched_product")
+    return _ops().picasso_stitched_product(
+        product=product, kernel=tf.convert_to_tensor(kernel, tables[0].dtype), tables=tables,
+        ids=ids, segment_ids=segment_ids, weights=weights, num_segments=num_segments,
+        dense=list(dense_list), width=width, table_index=list(table_index),
+        columns=list(columns), row_blocks=list(row_blocks), dense_columns=list(dense_columns),
+        offsets=list(offsets), vocab_sizes=list(vocab_sizes), combiners=list(combiners),
+        feature_names=list(feature_names), name=name)
+
+
 @tf.RegisterGradient("PicassoStitchedProjection")
 def _stitched_projection_gradient(op, grad):
     g, n = op.get_attr("G"), op.get_attr("N")
-    tables = op.inputs[:g]
-    per_site = op.inputs[g:g + 4 * n]   # ids, segment_ids, weights, num_segments
-    kernel = op.inputs[-1]
+    table_grads, kernel_grad = _projection_gradient(op, grad, op.inputs[:g], op.inputs[g:g + 4 * n],
+                                                    op.inputs[-1])
+    return table_grads + [None] * (4 * n) + [kernel_grad]
+
+
+@tf.RegisterGradient("PicassoStitchedProduct")
+def _stitched_product_gradient(op, grad):
+    g, n = op.get_attr("G"), op.get_attr("N")
+    kernel = op.inputs[1]
+    dense = op.inputs[2 + g + 4 * n:]
+    # The lookup that the product was computed from reads the tables too, before this
+    # (only a graph has ops to look at, and only a graph updates tables in the gradient).
+    product = None if tf.executing_eagerly() else op.inputs[0].op
+    lookups = [x.op for x in product.inputs[:1]
+               if product.type == "MatMul" and x.op.type == "PicassoStitchedLookup"] if product else []
+    table_grads, kernel_grad = _projection_gradient(op, grad, op.inputs[2:2 + g],
+                                                    op.inputs[2 + g:2 + g + 4 * n], kernel,
+                                                    also_read_by=lookups)
+    dense_grads = []
+    width = op.get_attr("width")
+    for tensor, column in zip(dense, op.get_attr("dense_columns")):
+        inner = tensor.shape[1:].num_elements()
+        rows, weights = tf.reshape(tensor, [-1, inner]), kernel[column:column + inner]
+        dense_grads.append(tf.reshape(tf.matmul(grad, weights, transpose_b=True), tf.shape(tensor)))
+        kernel_grad += tf.pad(tf.matmul(rows, grad, transpose_a=True),
+                              [[column, width - column - inner], [0, 0]])
+    return [None, kernel_grad] + table_grads + [None] * (4 * n) + dense_grads
+
+
+def _projection_gradient(op, grad, tables, per_site, kernel, also_read_by=()):
+    """(table gradients, kernel gradient) of a projection of the tables' values, whose
+    sites' inputs are per_site (ids, segment_ids, weights, num_segments; N each) and
+    whose attributes are op's; inside update_tables_in_gradient, maybe the tables'
+    updates instead (their gradients then None). also_read_by: the other ops reading
+    the tables' values, all before this gradient runs."""
+    n = op.get_attr("N")
     inputs = dict(grad=grad, kernel=kernel, ids=per_site[:n], segment_ids=per_site[n:2 * n],
                   weights=per_site[2 * n:3 * n], num_segments=per_site[3 * n:],
                   width=op.get_attr("width"), table_index=op.get_attr("table_index"),
                   columns=op.get_attr("columns"), row_blocks=op.get_attr("row_blocks"),
                   **lookup_attrs(op))
     in_gradient = getattr(_in_gradient, "updates", None)
-    planned = in_gradient.for_tables(tables) if in_gradient is not None else None
+    planned = in_gradient.for_tables(tables, also_read_by) if in_gradient is not None else None
     if planned:
         first = planned[0][1]
         for variable, update in planned:
@@ -105,8 +165,7 @@ def _stitched_projection_gradient(op, grad):
             hyper=list(hyper.values()), hyper_names=list(hyper), optimizer=first.optimizer,
             num_slots=len(first.slots), **first.attrs, **inputs)
         in_gradient.record(apply_op.op, [v for v, _ in planned])
-        return [None] * (g + 4 * n) + [apply_op]
+        return [None] * len(tables), apply_op
     unique_rows, row_grads, kernel_grad = _ops().picasso_stitched_projection_grad(tables=tables, **inputs)
-    table_grads = [row_sparse_gradient(t, rows, values)
-                   for t, rows, values in zip(tables, unique_rows, row_grads)]
-    return table_grads + [None] * (4 * n) + [kernel_grad]
+    return ([row_sparse_gradient(t, rows, values) for t, rows, values in zip(tables, unique_rows, row_grads)],
+            kernel_grad)

@@ -14,9 +14,10 @@ Twin concatenations, with the same inputs giving the same columns (DeepFM's FM p
 stacks the embeddings that its deep part concatenates flat: the same memory layout),
 share one stitched lookup: each takes its own reshape of it.
 
-A concatenation whose only use is a narrow MatMul (a logistic regression, a wide
-part: at most MAX_UNITS outputs) is noted as the stitch's projection, which K-packing
-can fold into the lookup (picasso_tf.ops.stitched_projection).
+A concatenation whose only use is a MatMul is noted as the stitch's projection: a
+narrow one (a logistic regression, a wide part: at most MAX_UNITS outputs) K-packing
+can fold into the lookup, a wider one (an MLP's first layer) keep and give the
+projection's gradient (picasso_tf.ops.stitched_projection).
 """
 import dataclasses
 import math
@@ -50,6 +51,12 @@ class StitchProjection:
     node: str                   # the MatMul that is the concatenation's only use
     tensor: str                 # its output
     kernel: str                 # its [width, units] second input
+    units: int
+
+    @property
+    def folded(self):
+        """Computed from the tables' rows (narrow); else the MatMul stays (wide)."""
+        return self.units <= MAX_UNITS
 
 
 @dataclasses.dataclass
@@ -122,8 +129,8 @@ def find_stitches(graph, sites):
 
 
 def _projection_of(graph, stitch):
-    """The stitch's narrow MatMul, if its one concatenation feeds nothing else and no
-    site has per-id weights (the projection kernel takes none)."""
+    """The stitch's MatMul, if its one concatenation feeds nothing else and no site has
+    per-id weights (the projection kernels take none)."""
     if len(stitch.outputs) != 1 or stitch.outputs[0].shape[1:] != [stitch.width] or any(
             site.weights for site in stitch.sites):
         return None
@@ -136,9 +143,9 @@ def _projection_of(graph, stitch):
     units = kernel.shape[1] if kernel.shape.rank == 2 and kernel.shape[0] == stitch.width else None
     if (matmul.get_attr("transpose_a") or matmul.get_attr("transpose_b") or
             matmul.inputs[0].name != tensor.name or kernel.name == tensor.name or
-            units is None or not 1 <= units <= MAX_UNITS):
+            units is None or units < 1):
         return None
-    return StitchProjection(matmul.name, matmul.outputs[0].name, kernel.name)
+    return StitchProjection(matmul.name, matmul.outputs[0].name, kernel.name, units)
 
 
 def _stitch_of(node, reaches):
