@@ -31,8 +31,8 @@ def project(table_values, sites, kernel, kwargs, dense=None):
     per_site = ([s["ids"] for s in sites], [s["seg"] for s in sites], [s["num_segments"] for s in sites])
     if dense is None:
         return stitched_projection(table_values, *per_site, kernel=kernel, **site_kwargs(kwargs))
-    x = stitched_lookup(table_values, per_site[0], per_site[1], None, per_site[2], dense, **kwargs)
-    return stitched_product(x @ kernel, table_values, *per_site, dense, kernel=kernel, **kwargs)
+    return stitched_product(stitched_lookup(table_values, per_site[0], per_site[1], None, per_site[2],
+                                            dense, **kwargs), kernel)
 
 
 @pytest.mark.parametrize("units", [1, 3])
@@ -81,9 +81,11 @@ def test_wide_product_gets_the_gradients_of_the_unfused_product(units, rows):
     kernel = rng.normal(size=(kwargs["width"], units)).astype(np.float32)
     upstream = rng.normal(size=(rows, units)).astype(np.float32)
 
+    table_vars, kernel_var = [tf.Variable(t) for t in tables], tf.Variable(kernel)
+    dense_vars = [tf.Variable(x) for x in dense]
+
+    @tf.function   # the product reads its lookup's op: a graph
     def gradients(fused):
-        table_vars, kernel_var = [tf.Variable(t) for t in tables], tf.Variable(kernel)
-        dense_vars = [tf.Variable(x) for x in dense]
         with tf.GradientTape() as tape:
             values = [v.read_value() for v in table_vars]
             inputs = [v.read_value() for v in dense_vars]
@@ -105,15 +107,18 @@ def test_wide_product_gets_the_gradients_of_the_unfused_product(units, rows):
                                    rtol=1e-4, atol=1e-4, err_msg=f"gradient {k}")
 
 
-def test_wide_product_checks_its_kernel():
+def test_wide_product_checks_its_inputs():
     rng = np.random.default_rng(1)
-    tables, sites, dense, kwargs, _ = make_stitch(rng, 10, SPECS[:2], {})
-    x = stitched_lookup(tables, [s["ids"] for s in sites], [s["seg"] for s in sites], None,
-                        [s["num_segments"] for s in sites], [], **kwargs)
+    tables, sites, _, kwargs, _ = make_stitch(rng, 10, SPECS[:2], {})
     kernel = np.ones((kwargs["width"], 16), np.float32)
+    with pytest.raises(ValueError, match="is not a stitched lookup's output"):
+        tf.function(lambda: stitched_product(tf.ones([10, kwargs["width"]]), kernel)).get_concrete_function()
+    empty = [np.zeros(0, np.int64)] * 2
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"product must be \[rows, units\] with the kernel's"):
-        stitched_product(x @ kernel[:, :12], tables, [s["ids"] for s in sites], [s["seg"] for s in sites],
-                         [s["num_segments"] for s in sites], kernel=kernel, **kwargs)
+        load().picasso_stitched_product(
+            product=np.ones((10, 12), np.float32), kernel=kernel, tables=tables, ids=[s["ids"] for s in sites],
+            segment_ids=empty, weights=[np.zeros(0, np.float32)] * 2, num_segments=[np.int64(0)] * 2,
+            dense=[], **kwargs)
 
 
 @pytest.mark.parametrize("units", [2, 20])
@@ -125,13 +130,16 @@ def test_projection_gradients_are_bit_identical_across_runs(units):
 
     def run():
         table_vars = [tf.Variable(t) for t in tables]
-        with tf.GradientTape() as tape:
-            tape.watch(kernel)
-            out = project([v.read_value() for v in table_vars], sites, kernel, kwargs,
-                          dense=dense if units > 8 else None)
-            loss = tf.reduce_sum(out * upstream)
-        grads = tape.gradient(loss, table_vars + [kernel])
-        return [out.numpy()] + [tf.convert_to_tensor(g).numpy() for g in grads]
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch(kernel)
+                out = project([v.read_value() for v in table_vars], sites, kernel, kwargs,
+                              dense=dense if units > 8 else None)
+                loss = tf.reduce_sum(out * upstream)
+            return [out] + [tf.convert_to_tensor(g) for g in tape.gradient(loss, table_vars + [kernel])]
+        return [x.numpy() for x in step()]
 
     for a, b in zip(run(), run()):
         np.testing.assert_array_equal(a, b)

@@ -13,8 +13,8 @@ that no site covers (dense inputs of the concatenation) contribute nothing here:
 the caller adds their products. Sites take no per-id weights.
 
 A wider kernel (an MLP's first layer) is better multiplied by BLAS, so there the
-stitched lookup is built and a MatMul takes the product; ``stitched_product`` then
-passes the product on and gives it the projection's gradient: per unique row rather
+stitched lookup is built and a MatMul takes the product; ``stitched_product`` builds
+that MatMul and gives its product the projection's gradient: per unique row rather
 than per entry, as two small matrix products per site, instead of the MatMul's two
 [rows, width] products and the lookup's gradient over its [rows, width] input.
 
@@ -86,24 +86,24 @@ class FixedTableUpdates:
         self.ops.append(op)
 
 
-def stitched_product(product, tables, ids_list, segment_ids_list=None, num_segments_list=None,
-                     dense_list=(), *, kernel, table_index, columns, row_blocks, dense_columns=(),
-                     width, offsets, vocab_sizes, combiners, feature_names, name=None):
-    """``product``, which must be ``stitched_lookup(tables, sites, dense_list) @ kernel``
-    (arguments as there), with the projection's gradient: the tables get row-sparse
-    gradients and the kernel and dense inputs theirs without the lookup's gradient."""
-    tables = [tf.convert_to_tensor(t) for t in tables]
-    ids, segment_ids, weights, num_segments = site_inputs(
-        tables[0].dtype, ids_list, segment_ids_list, None, num_segments_list,
-        offsets=offsets, vocab_sizes=vocab_sizes, combiners=combiners,
-        feature_names=feature_names, op_name="stitched_product")
+def stitched_product(lookup, kernel, name=None):
+    """``lookup @ kernel`` by a MatMul, for ``lookup`` a stitched lookup (the output of
+    ``stitched_lookup`` in a graph, its sites without per-id weights), with the
+    projection's gradient: the tables get row-sparse gradients and the kernel and the
+    lookup's dense inputs theirs, without the lookup's gradient."""
+    op = lookup.op
+    if op.type != "PicassoStitchedLookup":
+        raise ValueError(f"stitched_product: {lookup.name} is not a stitched lookup's output")
+    g, n = op.get_attr("G"), op.get_attr("N")
+    tables, per_site, dense = op.inputs[:g], op.inputs[g:g + 4 * n], op.inputs[g + 4 * n:]
+    kernel = tf.convert_to_tensor(kernel, lookup.dtype)
     return _ops().picasso_stitched_product(
-        product=product, kernel=tf.convert_to_tensor(kernel, tables[0].dtype), tables=tables,
-        ids=ids, segment_ids=segment_ids, weights=weights, num_segments=num_segments,
-        dense=list(dense_list), width=width, table_index=list(table_index),
-        columns=list(columns), row_blocks=list(row_blocks), dense_columns=list(dense_columns),
-        offsets=list(offsets), vocab_sizes=list(vocab_sizes), combiners=list(combiners),
-        feature_names=list(feature_names), name=name)
+        product=tf.matmul(lookup, kernel), kernel=kernel, tables=tables, ids=per_site[:n],
+        segment_ids=per_site[n:2 * n], weights=per_site[2 * n:3 * n], num_segments=per_site[3 * n:],
+        dense=dense, **{a: op.get_attr(a) for a in ("width", "table_index", "columns", "row_blocks",
+                                                     "dense_columns", "offsets", "vocab_sizes",
+                                                     "combiners", "feature_names")},
+        name=name)
 
 
 @tf.RegisterGradient("PicassoStitchedProjection")
@@ -119,14 +119,11 @@ def _stitched_product_gradient(op, grad):
     g, n = op.get_attr("G"), op.get_attr("N")
     kernel = op.inputs[1]
     dense = op.inputs[2 + g + 4 * n:]
-    # The lookup that the product was computed from reads the tables too, before this
-    # (only a graph has ops to look at, and only a graph updates tables in the gradient).
-    product = None if tf.executing_eagerly() else op.inputs[0].op
-    lookups = [x.op for x in product.inputs[:1]
-               if product.type == "MatMul" and x.op.type == "PicassoStitchedLookup"] if product else []
+    # The lookup that the product was computed from reads the tables too, before this.
+    lookup = op.inputs[0].op.inputs[0].op
     table_grads, kernel_grad = _projection_gradient(op, grad, op.inputs[2:2 + g],
                                                     op.inputs[2 + g:2 + g + 4 * n], kernel,
-                                                    also_read_by=lookups)
+                                                    also_read_by=[lookup])
     dense_grads = []
     width = op.get_attr("width")
     for tensor, column in zip(dense, op.get_attr("dense_columns")):

@@ -227,18 +227,12 @@ class _StitchLayout:
                 dense_columns=[c for _, c, _ in self.dense], width=self.width, **self.site_args)
 
     def product(self, kernel_name):
-        """The concatenation times the kernel by a MatMul, through
-        PicassoStitchedProduct for the projection's gradient."""
+        """The concatenation (PicassoStitchedLookup) times the kernel by a MatMul, with
+        the projection's gradient (PicassoStitchedProduct)."""
         from picasso_tf.ops import stitched_projection as projection_ops
-        kernel = self.graph.get_tensor_by_name(kernel_name)
-        args = {k: v for k, v in self.site_args.items() if k != "weights_list"}
         lookup = self.lookup()
         with tf.name_scope("picasso/product/"):
-            return projection_ops.stitched_product(
-                tf.matmul(lookup, kernel), self.tables, dense_list=[d for d, _, _ in self.dense],
-                kernel=kernel, table_index=self.table_index, columns=self.columns,
-                row_blocks=self.row_blocks, dense_columns=[c for _, c, _ in self.dense],
-                width=self.width, **args)
+            return projection_ops.stitched_product(lookup, self.graph.get_tensor_by_name(kernel_name))
 
     def projection(self, kernel_name):
         """The concatenation times the kernel: PicassoStitchedProjection of the sites,
