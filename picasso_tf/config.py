@@ -37,9 +37,9 @@ class Config:
       (when the user's optimizer is supported) instead of the Keras optimizer.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
       SGD without momentum, the lazy forms) and a table's gradient comes from one stitched
-      projection (narrow or wide), apply the update inside the kernel that computes the gradient, while
-      the rows are in cache, instead of writing the gradient out for a second kernel
-      (same result).
+      projection (narrow or wide), apply the update inside the kernel that computes the
+      gradient, while the rows are in cache, instead of writing the gradient out for a
+      second kernel (same result).
     lazy_optimizer: for Adam, AdamW and RMSprop (whose Keras forms decay every row of a
       table every step), update only the rows a batch touched. Off by default: a
       different algorithm from what the user asked for, so it is never implied.
