@@ -70,9 +70,10 @@ def test_timed_rows_are_interleaved_medians_with_spread(tiny_run):
     assert row["packed_groups"] >= 1 and row["bound_input_width"] > 0
     assert row["load_average"][0] and row["load_average"][1]
     # the per-op breakdown and the isolated stages of the wide step
-    breakdown = packing["breakdown"]
-    assert {"baseline", "picasso", "bound"} <= set(breakdown)
-    assert any(e["op"].startswith("Picasso") for e in breakdown["picasso"]["by_type"])
+    assert set(packing["breakdowns"]) == {r["name"] for r in packing["rows"] if r["name"].startswith("wide")}
+    for breakdown in packing["breakdowns"].values():
+        assert {"baseline", "picasso", "bound"} <= set(breakdown)
+        assert any(e["op"].startswith("Picasso") for e in breakdown["picasso"]["by_type"])
     assert packing["stages"]["unique_rows"] > 0 and packing["stages"]["stages"]
 
 

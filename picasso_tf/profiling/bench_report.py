@@ -185,16 +185,22 @@ def _packing(section, has_chart, charts=()):
     lines.append("")
     if has_chart:
         lines += ["![packing throughput](bench_packing.png)", ""]
-    bd = section.get("breakdown")
-    if bd:
-        timed = next((r for r in section.get("rows", []) if r.get("name") == "wide_lr" and "variants" in r), None)
-        lines += _breakdown(bd, "bench_breakdown.png" in charts, timed)
-    if section.get("stages"):
-        lines += _stages(section["stages"], bd)
+    for config, bd in _breakdowns(section).items():
+        timed = next((r for r in section.get("rows", []) if r.get("name") == config and "variants" in r), None)
+        lines += _breakdown(config, bd, config == "wide_lr" and "bench_breakdown.png" in charts, timed)
+        if config == "wide_lr" and section.get("stages"):
+            lines += _stages(section["stages"])
     return lines
 
 
-def _stages(st, bd):
+def _breakdowns(section):
+    """{config: per-op breakdown}; results of earlier runs hold one, of wide_lr."""
+    if section.get("breakdown"):
+        return {"wide_lr": section["breakdown"]}
+    return section.get("breakdowns") or {}
+
+
+def _stages(st):
     lines = ["### The same step taken apart: stages timed in isolation", "",
              f"Each stage of the `wide_lr` step as its own `tf.function` on its real inputs, stages run in turn "
              f"{st['repeats']} times after warm-up (median, quartiles); "
@@ -212,8 +218,8 @@ def _stages(st, bd):
     return lines
 
 
-def _breakdown(bd, has_chart, timed=None):
-    lines = [f"### Where the time goes: `wide_lr`, {bd.get('fields')} fields, batch {bd.get('batch_size')}", "",
+def _breakdown(config, bd, has_chart, timed=None):
+    lines = [f"### Where the time goes: `{config}`, {bd.get('fields')} fields, batch {bd.get('batch_size')}", "",
              "Per-op kernel time of one training step (`fit`), from a TensorFlow profiler trace "
              "(`picasso_tf/profiling/bench_breakdown.py`). Kernels on the two inter-op threads may "
              "overlap, so the op times can sum to more than the wall time; tracing itself slows the step "
@@ -450,7 +456,7 @@ def _charts(results, docs_dir):
         fig.savefig(os.path.join(docs_dir, "bench_packing.png"), dpi=110)
         plt.close(fig)
         made.append("bench_packing.png")
-    bd = sections.get("packing", {}).get("breakdown")
+    bd = _breakdowns(sections.get("packing", {})).get("wide_lr")
     if bd:
         variants = [k for k in ("baseline", "picasso", "bound") if k in bd]
         totals = {}

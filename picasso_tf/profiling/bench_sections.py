@@ -6,7 +6,8 @@ dict {"title", "rows": [...], "notes": [...]}; a cell that cannot run records
 instead of stopping the suite. Sections:
 
   packing     issue 4: wide LR / W&D on 200 one-hot fields, DLRM (Adagrad, exact Adam);
-              baseline vs picasso_tf vs the dense-only bound, plus a per-op breakdown
+              baseline vs picasso_tf vs the dense-only bound, plus per-op breakdowns of
+              the wide steps
   zoo         every zoo model on criteo-like and alibaba-like data (Fig. 10 / Table VII)
   auc         AUC parity, baseline vs picasso_tf (Table III)
   ablation    full vs packing=False vs interleaving=False vs hybrid_hash (Table IV)
@@ -341,7 +342,7 @@ def _behaviour_names(schema):
 
 def run_packing(sizes, progress):
     """Issue 4's packing benchmark (batch packing_batch): see the module docstring."""
-    out = {"title": "Packing benchmark (issue 4)", "rows": [], "notes": [], "breakdown": None,
+    out = {"title": "Packing benchmark (issue 4)", "rows": [], "notes": [], "breakdowns": {},
            "batch_size": sizes.packing_batch}
     rows_needed = sizes.packing_batch * sizes.batches
     wide = criteo = None
@@ -368,12 +369,12 @@ def run_packing(sizes, progress):
             row = _timed_row(config, trio, sizes, progress, model=config, optimizer=optimizer +
                              (" (exact)" if optimizer == "adam" else ""), description=desc)
             out["rows"].append(row)
-            if config == "wide_lr" and sizes.breakdown_steps:
-                progress("packing wide_lr: per-op breakdown (profiler trace)")
-                out["breakdown"] = {v.name: op_breakdown(v.model, v.dataset, sizes.breakdown_steps)
-                                    for v in trio.variants}
-                out["breakdown"]["fields"] = sizes.packing_fields
-                out["breakdown"]["batch_size"] = sizes.packing_batch
+            if config.startswith("wide") and sizes.breakdown_steps:
+                progress(f"packing {config}: per-op breakdown (profiler trace)")
+                breakdown = {v.name: op_breakdown(v.model, v.dataset, sizes.breakdown_steps)
+                             for v in trio.variants}
+                breakdown.update(fields=sizes.packing_fields, batch_size=sizes.packing_batch)
+                out["breakdowns"][config] = breakdown
             if config == "wide_lr" and sizes.stage_repeats and "picasso" in copies:
                 progress("packing wide_lr: stages timed in isolation")
                 copy, pic = copies["picasso"]
