@@ -981,26 +981,12 @@ place. Per table, like PicassoPackedLookupGrad: ascending unique rows, summed ro
 )doc");
 
 #define REGISTER_PACKED_LOOKUP(T, Tid)                                                   \
-  REGISTER_KERNEL_BUILDER(Name("PicassoPackedLookup")                                    \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          PackedLookupOp<T, Tid>);                                       \
-  REGISTER_KERNEL_BUILDER(Name("PicassoPackedLookupGrad")                                \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          PackedLookupGradOp<T, Tid, false>);                            \
-  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedLookup")                                  \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          StitchedLookupOp<T, Tid>);                                     \
-  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedLookupGrad")                              \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          PackedLookupGradOp<T, Tid, true>);
+  PICASSO_REGISTER_CPU_KERNEL("PicassoPackedLookup", T, Tid, PackedLookupOp<T, Tid>);     \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoPackedLookupGrad", T, Tid,                          \
+                              PackedLookupGradOp<T, Tid, false>);                         \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookup", T, Tid, StitchedLookupOp<T, Tid>); \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookupGrad", T, Tid,                        \
+                              PackedLookupGradOp<T, Tid, true>);
 REGISTER_PACKED_LOOKUP(float, int32_t)
 REGISTER_PACKED_LOOKUP(float, int64_t)
 REGISTER_PACKED_LOOKUP(double, int32_t)

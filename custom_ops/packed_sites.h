@@ -37,6 +37,13 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+// Registers the CPU kernel (the rest of the arguments: a class that may hold commas)
+// of op for one value type T and one id type Tid.
+#define PICASSO_REGISTER_CPU_KERNEL(op, T, Tid, ...)                                    \
+  REGISTER_KERNEL_BUILDER(                                                              \
+      Name(op).Device(DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<Tid>("Tid"),    \
+      __VA_ARGS__)
+
 // Inputs with fewer bytes of rows (or, for index-only passes, fewer entries) than
 // this run on the calling thread: waking the pool would cost more than it saves.
 constexpr int64_t kMinParallelBytes = 256 << 10;

@@ -109,6 +109,13 @@ inline Status CheckSlotCount(OpKernelConstruction* c, int expected, const char* 
   return OkStatus();
 }
 
+// A momentum (SGD, RMSprop) without a slot to keep it in is an error.
+template <typename T>
+void CheckMomentumSlot(ScalarInputs<T>& in, bool has_momentum, T momentum) {
+  in.Check(has_momentum || momentum == T(0),
+           errors::InvalidArgument("momentum = ", momentum, " needs a momentum slot variable"));
+}
+
 // ---------------------------------------------------------------------------
 // Optimizer updates. Each has
 //   Attrs                   the op's attributes, read once when the kernel is built;
@@ -146,9 +153,7 @@ class SgdUpdate {
         nesterov_(attrs.nesterov),
         lr_(in("lr")),
         momentum_(in("momentum")) {
-    in.Check(has_momentum_ || momentum_ == T(0),
-             errors::InvalidArgument("momentum = ", momentum_,
-                                     " needs a momentum slot variable"));
+    CheckMomentumSlot(in, has_momentum_, momentum_);
   }
 
   bool changes_untouched_rows() const { return has_momentum_; }
@@ -359,9 +364,7 @@ class RmspropUpdate {
         one_minus_rho_(in("one_minus_rho")),
         momentum_(in("momentum")),
         epsilon_(in("epsilon")) {
-    in.Check(has_momentum_ || momentum_ == T(0),
-             errors::InvalidArgument("momentum = ", momentum_,
-                                     " needs a momentum slot variable"));
+    CheckMomentumSlot(in, has_momentum_, momentum_);
   }
 
   bool changes_untouched_rows() const { return true; }

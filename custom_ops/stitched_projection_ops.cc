@@ -785,26 +785,13 @@ gradients; the kernel's) plus the dense inputs' products, so the gradient of the
 )doc");
 
 #define REGISTER_PROJECTION(T, Tid)                                                      \
-  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjection")                              \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          StitchedProjectionOp<T, Tid>);                                 \
-  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjectionGrad")                          \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          StitchedProjectionGradOp<T, Tid>);                             \
-  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProjectionGradApply")                     \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          StitchedProjectionGradApplyOp<T, Tid>);                        \
-  REGISTER_KERNEL_BUILDER(Name("PicassoStitchedProduct")                                 \
-                              .Device(DEVICE_CPU)                                        \
-                              .TypeConstraint<T>("T")                                    \
-                              .TypeConstraint<Tid>("Tid"),                               \
-                          StitchedProductOp);
+  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProjection", T, Tid,                        \
+                              StitchedProjectionOp<T, Tid>);                              \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProjectionGrad", T, Tid,                    \
+                              StitchedProjectionGradOp<T, Tid>);                          \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProjectionGradApply", T, Tid,               \
+                              StitchedProjectionGradApplyOp<T, Tid>);                     \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProduct", T, Tid, StitchedProductOp);
 REGISTER_PROJECTION(float, int32_t)
 REGISTER_PROJECTION(float, int64_t)
 REGISTER_PROJECTION(double, int32_t)
