@@ -1,5 +1,5 @@
 // Stitched projections (CPU kernels): a stitched lookup (PicassoStitchedLookup's
-// layout of sites in the columns of a [rows, width] tensor) times a narrow kernel
+// layout of sites in the columns of a [rows, width] tensor) times a kernel
 // [width, units], computed from the tables' rows without building the lookup.
 //
 //   PicassoStitchedProjection           the product.
@@ -8,10 +8,6 @@
 //   PicassoStitchedProjectionGradApply  the same gradient, each table's rows given
 //                                       straight to an optimizer's update
 //                                       (sparse_updates.h); returns the kernel's.
-//   PicassoStitchedProduct              forwards the product of a stitched lookup and a
-//                                       wide kernel (a MatMul computes it); its gradient
-//                                       is the projection's, so neither the lookup's
-//                                       gradient nor the MatMul's is built.
 // GCC 12 warns inside its own AVX-512 intrinsics as Eigen's matrix product inlines them
 // (GCC bug 105593, a false positive fixed in GCC 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -31,12 +27,13 @@ constexpr char kProjectionGradApplyOp[] = "PicassoStitchedProjectionGradApply";
 // ---------------------------------------------------------------------------------
 // PicassoStitchedProjection
 
-// A stitched lookup that feeds only a narrow MatMul (a logistic regression, the wide
-// part of a model) is folded into it: each output row is the sum over the sites of
-// their rows' dot products with the kernel rows of their columns, so the stitched
-// [rows, width] tensor is never written, nor its gradient read back.
+// A stitched lookup that feeds only a MatMul is folded into it, so the stitched
+// [rows, width] tensor is never written, nor its gradient read back. With a narrow
+// kernel (a logistic regression, the wide part of a model) each output row is the sum
+// over the sites of their rows' dot products with the kernel rows of their columns;
+// a wider kernel (an MLP's first layer) is multiplied per unique row (further below).
 
-// Outputs of a projection: at most this many (a wider MatMul is better left to BLAS).
+// Outputs of a narrow projection: at most this many.
 constexpr int64_t kMaxProjectionUnits = 8;
 // The projection's sites are split into at most this many bands (a fixed number, so
 // that its sums do not depend on the number of threads).
@@ -119,16 +116,17 @@ bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table,
 }
 
 // Checks what the projection ops take: no per-id weights, a [width, units] kernel
-// with 1 to max_units units, and sites that fit the stitched columns without
+// with at least one unit, and sites that fit the stitched columns without
 // overlapping, in `rows` rows.
 template <typename T, typename Tid>
 Status CheckProjection(const char* op, const PackedLayout& layout, const StitchLayout& stitch,
                        const std::vector<Site<T, Tid>>& sites, const std::vector<int64_t>& dims,
-                       const Tensor& kernel, int64_t width, int64_t rows, int64_t max_units) {
+                       const Tensor& kernel, int64_t width, int64_t rows) {
   if (!TensorShapeUtils::IsMatrix(kernel.shape()) || kernel.dim_size(0) != width ||
-      kernel.dim_size(1) < 1 || kernel.dim_size(1) > max_units) {
-    return errors::InvalidArgument(op, ": kernel must be [width ", width, ", units] with 1 to ",
-                                   max_units, " units; got ", kernel.shape().DebugString());
+      kernel.dim_size(1) < 1) {
+    return errors::InvalidArgument(op, ": kernel must be [width ", width,
+                                   ", units] with at least one unit; got ",
+                                   kernel.shape().DebugString());
   }
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (int i = 0; i < layout.size(); ++i) {
@@ -170,77 +168,134 @@ struct ProjectionAttrs {
   }
 };
 
-// y [rows, units] = the stitched lookup of the sites (never built) times kernel
-// [width, units]; columns no site covers are left to the caller.
-template <typename T, typename Tid>
-class StitchedProjectionOp : public OpKernel {
- public:
-  explicit StitchedProjectionOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionOp));
+// Checks a projection gradient's dy: [rows, units] with the kernel's units.
+Status CheckUpstream(const char* op, const Tensor& dy, const Tensor& kernel) {
+  const bool matches = TensorShapeUtils::IsMatrix(dy.shape()) &&
+                       (kernel.dims() != 2 || dy.dim_size(1) == kernel.dim_size(1));
+  if (!matches) {  // (a kernel that is no matrix is CheckProjection's to name)
+    return errors::InvalidArgument(op, ": grad must be [rows, units] with the kernel's units; ",
+                                   "got ", dy.shape().DebugString(), " and kernel ",
+                                   kernel.shape().DebugString());
   }
+  return OkStatus();
+}
 
-  void Compute(OpKernelContext* ctx) override {
-    const PackedLayout& layout = attrs_.layout;
-    OpInputList tables;
-    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
-    std::vector<Site<T, Tid>> sites;
-    OP_REQUIRES_OK(ctx, ReadSites(ctx, kProjectionOp, layout, &sites));
-    std::vector<const T*> site_tables;
-    std::vector<int64_t> dims;
-    OP_REQUIRES_OK(ctx, SiteTables(kProjectionOp, layout, attrs_.table_index, tables,
-                                   &site_tables, &dims));
-    const Tensor& kernel = ctx->input(ctx->num_inputs() - 1);
-    const int64_t rows = sites[0].out_rows() / attrs_.stitch.row_blocks[0];
-    OP_REQUIRES_OK(ctx, CheckProjection(kProjectionOp, layout, attrs_.stitch, sites, dims,
-                                        kernel, attrs_.width, rows, kMaxProjectionUnits));
-    const int64_t units = kernel.dim_size(1);
-    Tensor* output;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, units}), &output));
-    T* y = output->flat<T>().data();
-    std::fill(y, y + rows * units, T(0));
-    PooledIndexes pooled;
-    OP_REQUIRES_OK(ctx, pooled.Build(ctx, kProjectionOp, layout, sites));
-    const std::vector<T> kt = Transposed(kernel.flat<T>().data(), attrs_.width, units);
+// ---------------------------------------------------------------------------------
+// The product with a wide kernel, per unique row
 
-    // Sites are walked one at a time (its ids in order, its table's hot rows in cache),
-    // in a fixed number of consecutive bands, each summing into its own partial output;
-    // items are (band, block of rows). The partials are added in band order, so every
-    // sum has one order whatever the threads.
-    const int num_sites = layout.size();
-    const int num_bands = std::min(num_sites, kProjectionBands);
-    int64_t total_bytes = 0;
-    for (int i = 0; i < num_sites; ++i) total_bytes += sites[i].n * dims[i] * sizeof(T);
-    const int64_t blocks_per_band = std::clamp<int64_t>(
-        NumThreads(ctx) * kItemsPerThread / num_bands, 1, std::max<int64_t>(1, rows / 64));
-    const int64_t block = std::max<int64_t>(1, (rows + blocks_per_band - 1) / blocks_per_band);
-    std::vector<T> partials((num_bands - 1) * rows * units, T(0));
-    auto band_output = [&](int b) { return b == 0 ? y : partials.data() + (b - 1) * rows * units; };
-    std::atomic<bool> bad_id(false);
-    RunWorkItems(ctx, num_bands * blocks_per_band, total_bytes >= kMinParallelBytes,
-                 [&](int64_t item) {
-      const int band = static_cast<int>(item / blocks_per_band);
-      const int64_t r0 = (item % blocks_per_band) * block, r1 = std::min(rows, r0 + block);
-      for (int i = band * num_sites / num_bands;
-           i < (band + 1) * num_sites / num_bands && r0 < r1 && !bad_id.load(); ++i) {
-        const KernelSlice<T> k{kt.data(), attrs_.width, units, attrs_.stitch.columns[i],
-                               attrs_.stitch.row_blocks[i]};
-        const bool ok = DispatchDim(dims[i], [&](auto dim) {
-          return ProjectSite<decltype(dim)::value>(sites[i], pooled.index[i], site_tables[i],
-                                                    dims[i], k, r0, r1, band_output(band));
-        });
-        if (!ok) bad_id.store(true);
-      }
-    });
-    OP_REQUIRES(ctx, !bad_id.load(), FirstBadId(kProjectionOp, layout, sites));
-    for (int b = 1; b < num_bands; ++b) {
-      const T* partial = band_output(b);
-      for (int64_t k = 0; k < rows * units; ++k) y[k] += partial[k];
+// A wider kernel (an MLP's first layer) is multiplied per unique row rather than per
+// entry: for a site (and sequence slot) and each unique row u of its cluster, z_u =
+// table[u] times the site's d kernel rows, then each output row adds the z rows of
+// its entries. Ids repeat in a batch (under Zipf 1.2 a batch of 4096 draws about 1,000
+// distinct ids per field), so this is a fraction of a MatMul's work on the stitched
+// lookup, and the [rows, width] lookup is never written.
+//
+// Output columns go in blocks of kBlockPackets packets (64 floats with AVX-512). An
+// output row's block stays in registers while the z rows of a band of sites are added
+// to it, so it is read and written once per band rather than once per site.
+
+template <typename T>
+using Packet = typename Eigen::internal::packet_traits<T>::type;
+template <typename T>
+constexpr int64_t kLanes = Eigen::internal::unpacket_traits<Packet<T>>::size;
+constexpr int kBlockPackets = 4;
+template <typename T>
+constexpr int64_t kBlockColumns = kBlockPackets * kLanes<T>;
+// A band's z rows take at most this many bytes, so that they stay in the L2 cache.
+constexpr int64_t kBandBytes = 1 << 20;
+
+// z[0, kRows) = e[0, kRows) w: kRows rows of e [., d] times w [d, kBlockColumns], each
+// w row loaded once for all kRows rows.
+template <int kRows, int64_t kD, typename T>
+inline void ProductRows(const T* e, int64_t d, const T* w, T* z) {
+  using Eigen::internal::pmadd;
+  using Eigen::internal::pset1;
+  using Eigen::internal::ploadu;
+  using P = Packet<T>;
+  constexpr int64_t kL = kLanes<T>, kC = kBlockColumns<T>;
+  const int64_t n = kD ? kD : d;
+  P acc[kRows][kBlockPackets];
+  for (auto& row : acc) {
+    for (P& a : row) a = pset1<P>(T(0));
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    P wk[kBlockPackets];
+    for (int v = 0; v < kBlockPackets; ++v) wk[v] = ploadu<P>(w + k * kC + v * kL);
+    for (int r = 0; r < kRows; ++r) {
+      const P er = pset1<P>(e[r * n + k]);
+      for (int v = 0; v < kBlockPackets; ++v) acc[r][v] = pmadd(er, wk[v], acc[r][v]);
     }
   }
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kBlockPackets; ++v) {
+      Eigen::internal::pstoreu(z + r * kC + v * kL, acc[r][v]);
+    }
+  }
+}
 
- private:
-  ProjectionAttrs attrs_;
+// z [num_unique, kBlockColumns] = e [num_unique, d] w [d, kBlockColumns].
+template <int64_t kD, typename T>
+void BlockProducts(const T* e, int64_t num_unique, int64_t d, const T* w, T* z) {
+  constexpr int kRows = 4;
+  constexpr int64_t kC = kBlockColumns<T>;
+  int64_t u = 0;
+  for (; u + kRows <= num_unique; u += kRows) ProductRows<kRows, kD>(e + u * d, d, w, z + u * kC);
+  for (; u < num_unique; ++u) ProductRows<1, kD>(e + u * d, d, w, z + u * kC);
+}
+
+// One unpooled site (and slot) of a band: its z rows [unique rows of its cluster,
+// kBlockColumns] and its entries' unique rows; output row r takes entry r * blocks + slot.
+template <typename T>
+struct BandSite {
+  const T* z;
+  const uint32_t* inverse;
+  int64_t blocks, slot;
 };
+
+// Adds the z rows of the band's sites to columns [0, columns) of output rows [r0, r1)
+// of y (row stride `units`).
+template <typename T>
+void AddBand(const std::vector<BandSite<T>>& band, int64_t r0, int64_t r1, int64_t units,
+             int64_t columns, T* y) {
+  using Eigen::internal::padd;
+  using Eigen::internal::ploadu;
+  using Eigen::internal::pstoreu;
+  using P = Packet<T>;
+  constexpr int64_t kL = kLanes<T>, kC = kBlockColumns<T>;
+  T partial[kC] = {};  // a block narrower than kC, padded
+  for (int64_t r = r0; r < r1; ++r) {
+    T* out = y + r * units;
+    T* in = columns == kC ? out : partial;
+    if (in == partial) std::copy_n(out, columns, partial);
+    P acc[kBlockPackets];
+    for (int v = 0; v < kBlockPackets; ++v) acc[v] = ploadu<P>(in + v * kL);
+    for (const BandSite<T>& b : band) {
+      const T* z = b.z + b.inverse[r * b.blocks + b.slot] * kC;
+      for (int v = 0; v < kBlockPackets; ++v) acc[v] = padd(acc[v], ploadu<P>(z + v * kL));
+    }
+    for (int v = 0; v < kBlockPackets; ++v) pstoreu(in + v * kL, acc[v]);
+    if (in == partial) std::copy_n(partial, columns, out);
+  }
+}
+
+// Adds scale * z row of each entry of pooled site s in slot `slot` to its output row
+// (segment / blocks) in [r0, r1), columns [0, columns) of y.
+template <typename T, typename Tid>
+void AddPooled(const Site<T, Tid>& s, int64_t blocks, int64_t slot, const T* scales,
+               const uint32_t* inverse, const T* z, int64_t r0, int64_t r1, int64_t units,
+               int64_t columns, T* y) {
+  constexpr int64_t kC = kBlockColumns<T>;
+  for (int64_t j = 0; j < s.n; ++j) {
+    const int64_t seg = s.segments[j], row = seg / blocks;
+    if (seg % blocks != slot || row < r0 || row >= r1) continue;
+    const T scale = scales ? scales[seg] : T(1);
+    if (columns == kC) {
+      AxpyRow<kC>(y + row * units, z + inverse[j] * kC, scale, kC);
+    } else {
+      AxpyRow<0>(y + row * units, z + inverse[j] * kC, scale, columns);
+    }
+  }
+}
 
 // The gradients of a projection from dy [rows, units]: each table's row-sparse
 // gradient and the kernel's. For a site and each unique row u of its cluster, the
@@ -346,11 +401,12 @@ void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
   }
 }
 
-// What both projection gradient ops compute from dy [rows, units], the kernel and the
-// tables' values: the inputs checked, each table's entries grouped by row, then each
-// cluster's row gradients, and the kernel's gradient.
+// A projection worked per unique row of each table: the inputs checked and each
+// table's entries grouped by row (Prepare), then a wide kernel's product (Forward), or
+// from dy [rows, units] each cluster's row gradients and the kernel's gradient (Run,
+// KernelGrad).
 template <typename T, typename Tid>
-class ProjectionGradient {
+class GroupedProjection {
  public:
   struct Table {
     std::vector<Site<T, Tid>> sites;
@@ -361,27 +417,21 @@ class ProjectionGradient {
     int64_t d = 0;
   };
 
-  // `tables` holds the tables' values (anything indexable by table giving a Tensor).
+  // `tables` holds the tables' values (anything indexable by table giving a Tensor);
+  // the sites fill `rows` output rows.
   template <typename Tables>
   Status Prepare(OpKernelContext* ctx, const char* op, const ProjectionAttrs& attrs,
-                 const Tables& tables) {
+                 const Tables& tables, const Tensor& kernel, int64_t rows) {
     attrs_ = &attrs;
     const PackedLayout& layout = attrs.layout;
-    dy_ = &ctx->input(0);
-    const Tensor& kernel = ctx->input(1);
     std::vector<Site<T, Tid>> sites;
     TF_RETURN_IF_ERROR(ReadSites(ctx, op, layout, &sites));
     std::vector<const T*> site_tables;
     std::vector<int64_t> dims;
     TF_RETURN_IF_ERROR(SiteTables(op, layout, attrs.table_index, tables, &site_tables, &dims));
-    if (!TensorShapeUtils::IsMatrix(dy_->shape()) || dy_->dim_size(1) != kernel.dim_size(1)) {
-      return errors::InvalidArgument(op, ": grad must be [rows, units] with the kernel's ",
-                                     "units; got ", dy_->shape().DebugString(), " and kernel ",
-                                     kernel.shape().DebugString());
-    }
-    TF_RETURN_IF_ERROR(CheckProjection(op, layout, attrs.stitch, sites, dims, kernel,
-                                       attrs.width, dy_->dim_size(0),
-                                       std::numeric_limits<int64_t>::max()));
+    TF_RETURN_IF_ERROR(
+        CheckProjection(op, layout, attrs.stitch, sites, dims, kernel, attrs.width, rows));
+    rows_ = rows;
     units_ = kernel.dim_size(1);
     const int num_sites = layout.size();
 
@@ -400,7 +450,6 @@ class ProjectionGradient {
     // A narrow kernel is read transposed (see KernelSlice), a wide one as it is.
     kernel_ = kernel.flat<T>().data();
     if (units_ <= kMaxProjectionUnits) kt_ = Transposed(kernel_, attrs.width, units_);
-    dk_.assign(units_ * attrs.width, T(0));
 
     // Each table's entries grouped by row.
     tables_ = std::vector<Table>(attrs.by_table.sites.size());
@@ -421,11 +470,101 @@ class ProjectionGradient {
 
   const std::vector<Table>& tables() const { return tables_; }
 
+  // y [rows, units] = the product, per unique row (for a wide kernel). Items are
+  // blocks of output columns times blocks of rows (more row blocks when there are
+  // few column blocks: each recomputes its z rows). Sites are added in one order.
+  void Forward(OpKernelContext* ctx, T* y) const {
+    constexpr int64_t kC = kBlockColumns<T>;
+    // Each cluster's unique rows, gathered once for all items.
+    struct Part {
+      const Table* table;
+      const RowClusters::Cluster* cluster;
+      int site;  // in the cluster
+      int64_t slot;
+      const T* rows;
+    };
+    std::vector<std::pair<const Table*, const RowClusters::Cluster*>> clusters;
+    for (const Table& g : tables_) {
+      for (const auto& c : g.groups.clusters) clusters.push_back({&g, &c});
+    }
+    std::vector<std::vector<T>> gathered(clusters.size());
+    int64_t entries = 0;
+    for (const auto& [g, c] : clusters) entries += c->num_entries();
+    const bool parallel = entries * units_ * sizeof(T) >= kMinParallelBytes;
+    RunWorkItems(ctx, clusters.size(), parallel, [&](int64_t k) {
+      const auto& [g, c] = clusters[k];
+      gathered[k].resize(c->num_unique() * g->d);
+      for (int64_t u = 0; u < c->num_unique(); ++u) {
+        std::copy_n(g->values + c->rows[u] * g->d, g->d, gathered[k].data() + u * g->d);
+      }
+    });
+    std::vector<Part> parts;
+    for (size_t k = 0; k < clusters.size(); ++k) {
+      const auto& [g, c] = clusters[k];
+      for (size_t i = 0; i < c->sites.size(); ++i) {
+        for (int64_t slot = 0; slot < g->slices[c->sites[i]].blocks; ++slot) {
+          parts.push_back({g, c, static_cast<int>(i), slot, gathered[k].data()});
+        }
+      }
+    }
+    const int64_t column_blocks = (units_ + kC - 1) / kC;
+    const int64_t row_blocks = std::clamp<int64_t>(NumThreads(ctx) / column_blocks, 1,
+                                                   std::max<int64_t>(1, rows_ / 256));
+    const int64_t block_rows = (rows_ + row_blocks - 1) / row_blocks;
+    std::fill(y, y + rows_ * units_, T(0));
+    RunWorkItems(ctx, column_blocks * row_blocks, parallel, [&](int64_t item) {
+      const int64_t c0 = (item / row_blocks) * kC, columns = std::min(units_ - c0, kC);
+      const int64_t r0 = (item % row_blocks) * block_rows;
+      const int64_t r1 = std::min(rows_, r0 + block_rows);
+      thread_local std::vector<T> w, z;
+      std::vector<BandSite<T>> band;
+      for (size_t i = 0; i < parts.size() && r0 < r1;) {
+        // A band: one pooled part, or consecutive unpooled ones whose z rows fit.
+        auto pooled = [&](const Part& p) { return p.table->sites[p.cluster->sites[p.site]].pooled; };
+        size_t end = i + 1;
+        int64_t size = parts[i].cluster->num_unique() * kC;
+        while (!pooled(parts[i]) && end < parts.size() && !pooled(parts[end]) &&
+               (size + parts[end].cluster->num_unique() * kC) * sizeof(T) <= kBandBytes) {
+          size += parts[end++].cluster->num_unique() * kC;
+        }
+        z.resize(std::max<size_t>(z.size(), size));
+        band.clear();
+        int64_t offset = 0;
+        for (size_t k = i; k < end; ++k) {
+          const Part& p = parts[k];
+          const int64_t d = p.table->d, site = p.cluster->sites[p.site];
+          const KernelSlice<T>& slice = p.table->slices[site];
+          // The part's kernel rows, this block's columns, padded to kC.
+          w.assign(d * kC, T(0));
+          const T* kernel_rows = kernel_ + (slice.column + p.slot * d) * units_ + c0;
+          for (int64_t r = 0; r < d; ++r) std::copy_n(kernel_rows + r * units_, columns, &w[r * kC]);
+          DispatchDim(d, [&](auto dim) {
+            BlockProducts<decltype(dim)::value>(p.rows, p.cluster->num_unique(), d, w.data(),
+                                                z.data() + offset);
+          });
+          band.push_back({z.data() + offset, p.cluster->inverse.get() + p.cluster->site_begin[p.site],
+                          slice.blocks, p.slot});
+          offset += p.cluster->num_unique() * kC;
+        }
+        if (pooled(parts[i])) {
+          const Part& p = parts[i];
+          const int site = p.cluster->sites[p.site];
+          AddPooled(p.table->sites[site], band[0].blocks, p.slot, p.table->scales[site],
+                    band[0].inverse, band[0].z, r0, r1, units_, columns, y + c0);
+        } else {
+          AddBand(band, r0, r1, units_, columns, y + c0);
+        }
+        i = end;
+      }
+    });
+  }
+
   // Computes each cluster's row gradients into out(t, cluster), a [unique rows, d] buffer,
   // then calls done(t, cluster, that buffer), on one thread per cluster: clusters of
   // one table cover disjoint rows.
   template <typename OutFn, typename DoneFn>
-  void Run(OpKernelContext* ctx, const OutFn& out, const DoneFn& done) {
+  void Run(OpKernelContext* ctx, const T* dy, const OutFn& out, const DoneFn& done) {
+    dk_.assign(units_ * attrs_->width, T(0));
     std::vector<std::pair<int, int>> items;  // (table, cluster)
     for (size_t t = 0; t < tables_.size(); ++t) {
       for (size_t k = 0; k < tables_[t].groups.clusters.size(); ++k) items.push_back({t, k});
@@ -445,7 +584,7 @@ class ProjectionGradient {
       T* grads = out(t, c);
       DispatchDim(g.d, [&](auto dim) {
         ProjectClusterGrad<decltype(dim)::value>(g.sites, g.slices, g.scales, c, g.values, g.d,
-                                                 dy_->flat<T>().data(), kernel_, grads,
+                                                 dy, kernel_, grads,
                                                  dk_.data());
       });
       done(t, c, grads);
@@ -470,12 +609,89 @@ class ProjectionGradient {
 
  private:
   const ProjectionAttrs* attrs_ = nullptr;
-  const Tensor* dy_ = nullptr;
-  int64_t units_ = 0;
+  int64_t rows_ = 0, units_ = 0;
   std::vector<std::vector<T>> scale_buffers_;
   const T* kernel_ = nullptr;
   std::vector<T> kt_, dk_;   // kt_: a narrow kernel transposed; dk_: as kt_ if narrow
   std::vector<Table> tables_;
+};
+
+// y [rows, units] = the stitched lookup of the sites (never built) times kernel
+// [width, units]; columns no site covers are left to the caller.
+template <typename T, typename Tid>
+class StitchedProjectionOp : public OpKernel {
+ public:
+  explicit StitchedProjectionOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionOp));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const PackedLayout& layout = attrs_.layout;
+    OpInputList tables;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    std::vector<Site<T, Tid>> sites;
+    OP_REQUIRES_OK(ctx, ReadSites(ctx, kProjectionOp, layout, &sites));
+    std::vector<const T*> site_tables;
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, SiteTables(kProjectionOp, layout, attrs_.table_index, tables,
+                                   &site_tables, &dims));
+    const Tensor& kernel = ctx->input(ctx->num_inputs() - 1);
+    const int64_t rows = sites[0].out_rows() / attrs_.stitch.row_blocks[0];
+    OP_REQUIRES_OK(ctx, CheckProjection(kProjectionOp, layout, attrs_.stitch, sites, dims,
+                                        kernel, attrs_.width, rows));
+    const int64_t units = kernel.dim_size(1);
+    Tensor* output;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, units}), &output));
+    T* y = output->flat<T>().data();
+    if (units > kMaxProjectionUnits) {
+      GroupedProjection<T, Tid> wide;
+      OP_REQUIRES_OK(ctx, wide.Prepare(ctx, kProjectionOp, attrs_, tables, kernel, rows));
+      wide.Forward(ctx, y);
+      return;
+    }
+    std::fill(y, y + rows * units, T(0));
+    PooledIndexes pooled;
+    OP_REQUIRES_OK(ctx, pooled.Build(ctx, kProjectionOp, layout, sites));
+    const std::vector<T> kt = Transposed(kernel.flat<T>().data(), attrs_.width, units);
+
+    // Sites are walked one at a time (its ids in order, its table's hot rows in cache),
+    // in a fixed number of consecutive bands, each summing into its own partial output;
+    // items are (band, block of rows). The partials are added in band order, so every
+    // sum has one order whatever the threads.
+    const int num_sites = layout.size();
+    const int num_bands = std::min(num_sites, kProjectionBands);
+    int64_t total_bytes = 0;
+    for (int i = 0; i < num_sites; ++i) total_bytes += sites[i].n * dims[i] * sizeof(T);
+    const int64_t blocks_per_band = std::clamp<int64_t>(
+        NumThreads(ctx) * kItemsPerThread / num_bands, 1, std::max<int64_t>(1, rows / 64));
+    const int64_t block = std::max<int64_t>(1, (rows + blocks_per_band - 1) / blocks_per_band);
+    std::vector<T> partials((num_bands - 1) * rows * units, T(0));
+    auto band_output = [&](int b) { return b == 0 ? y : partials.data() + (b - 1) * rows * units; };
+    std::atomic<bool> bad_id(false);
+    RunWorkItems(ctx, num_bands * blocks_per_band, total_bytes >= kMinParallelBytes,
+                 [&](int64_t item) {
+      const int band = static_cast<int>(item / blocks_per_band);
+      const int64_t r0 = (item % blocks_per_band) * block, r1 = std::min(rows, r0 + block);
+      for (int i = band * num_sites / num_bands;
+           i < (band + 1) * num_sites / num_bands && r0 < r1 && !bad_id.load(); ++i) {
+        const KernelSlice<T> k{kt.data(), attrs_.width, units, attrs_.stitch.columns[i],
+                               attrs_.stitch.row_blocks[i]};
+        const bool ok = DispatchDim(dims[i], [&](auto dim) {
+          return ProjectSite<decltype(dim)::value>(sites[i], pooled.index[i], site_tables[i],
+                                                    dims[i], k, r0, r1, band_output(band));
+        });
+        if (!ok) bad_id.store(true);
+      }
+    });
+    OP_REQUIRES(ctx, !bad_id.load(), FirstBadId(kProjectionOp, layout, sites));
+    for (int b = 1; b < num_bands; ++b) {
+      const T* partial = band_output(b);
+      for (int64_t k = 0; k < rows * units; ++k) y[k] += partial[k];
+    }
+  }
+
+ private:
+  ProjectionAttrs attrs_;
 };
 
 template <typename T, typename Tid>
@@ -488,8 +704,11 @@ class StitchedProjectionGradOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     OpInputList tables;
     OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
-    ProjectionGradient<T, Tid> gradient;
-    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradOp, attrs_, tables));
+    const Tensor& dy = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckUpstream(kProjectionGradOp, dy, ctx->input(1)));
+    GroupedProjection<T, Tid> gradient;
+    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradOp, attrs_, tables, ctx->input(1),
+                                         dy.dim_size(0)));
     OpOutputList unique_list, grads_list;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
     OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
@@ -506,7 +725,7 @@ class StitchedProjectionGradOp : public OpKernel {
       row_grads.push_back(grads->flat<T>().data());
     }
     gradient.Run(
-        ctx,
+        ctx, dy.flat<T>().data(),
         [&](int t, const RowClusters::Cluster& c) {
           return row_grads[t] + c.unique_begin * gradient.tables()[t].d;
         },
@@ -561,14 +780,17 @@ class StitchedProjectionGradApplyOp : public OpKernel {
                                             ", the table ", vars[t].shape().DebugString()));
       }
     }
-    ProjectionGradient<T, Tid> gradient;
-    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradApplyOp, attrs_, vars));
+    const Tensor& dy = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckUpstream(kProjectionGradApplyOp, dy, ctx->input(1)));
+    GroupedProjection<T, Tid> gradient;
+    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradApplyOp, attrs_, vars,
+                                         ctx->input(1), dy.dim_size(0)));
 
     picasso::ScalarInputs<T> scalars(ctx, hyper_names_, "hyper");
     const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
     OP_REQUIRES_OK(ctx, update_.With(scalars, [&](const auto& update) {
       gradient.Run(
-          ctx,
+          ctx, dy.flat<T>().data(),
           [&](int t, const RowClusters::Cluster& c) {
             thread_local std::vector<T> buffer;
             buffer.resize(c.num_unique() * vars[t].dim_size(1));
@@ -604,26 +826,6 @@ class StitchedProjectionGradApplyOp : public OpKernel {
   picasso::AnyUpdate<T> update_;
   int num_slots_ = 0;
   std::vector<std::string> hyper_names_;
-};
-
-// Forwards `product`, which the graph computes as stitched lookup @ kernel: the op is
-// where the Python gradient (the projection's) finds the tables and the sites.
-class StitchedProductOp : public OpKernel {
- public:
-  explicit StitchedProductOp(OpKernelConstruction* c) : OpKernel(c) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& product = ctx->input(0);
-    const Tensor& kernel = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(product.shape()) &&
-                         TensorShapeUtils::IsMatrix(kernel.shape()) &&
-                         product.dim_size(1) == kernel.dim_size(1),
-                errors::InvalidArgument("PicassoStitchedProduct: product must be [rows, units] ",
-                                        "with the kernel's units; got ",
-                                        product.shape().DebugString(), " and kernel ",
-                                        kernel.shape().DebugString()));
-    ctx->set_output(0, product);
-  }
 };
 
 Status ProjectionShape(InferenceContext* c) {
@@ -671,8 +873,9 @@ REGISTER_OP("PicassoStitchedProjection")
     .SetShapeFn(ProjectionShape)
     .Doc(R"doc(
 The product of a stitched lookup (as PicassoStitchedLookup lays out its sites, in
-columns of a [rows, width] tensor) with kernel [width, units], units <= 8, without
-building the lookup: output [rows, units]. Columns no site covers contribute
+columns of a [rows, width] tensor) with kernel [width, units], without building the
+lookup, as output [rows, units]. With more than 8 units it is computed per unique
+row of each table. Columns no site covers contribute
 nothing. Sites take no per-id weights.
 )doc");
 
@@ -751,47 +954,13 @@ the order of hyper_names. Only the rows with a gradient are updated. Returns the
 kernel's gradient.
 )doc");
 
-REGISTER_OP("PicassoStitchedProduct")
-    .Input("product: T")
-    .Input("kernel: T")
-    .Input("tables: G * T")
-    .Input("ids: N * Tid")
-    .Input("segment_ids: N * int64")
-    .Input("weights: N * T")
-    .Input("num_segments: N * int64")
-    .Input("dense: M * T")
-    .Output("output: T")
-    .Attr("G: int >= 1")
-    .Attr("N: int >= 1")
-    .Attr("M: int >= 0")
-    .Attr("T: {float, double}")
-    .Attr("Tid: {int32, int64}")
-    .Attr("width: int >= 1")
-    .Attr("table_index: list(int)")
-    .Attr("columns: list(int)")
-    .Attr("row_blocks: list(int)")
-    .Attr("dense_columns: list(int)")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
-    .SetShapeFn(shape_inference::UnchangedShape)
-    .Doc(R"doc(
-Forwards product, which must be the stitched lookup of these tables, sites and dense
-inputs (as PicassoStitchedLookup lays them out) times kernel [width, units]. Its
-gradient is PicassoStitchedProjectionGrad's (per table, unique rows and their
-gradients; the kernel's) plus the dense inputs' products, so the gradient of the
-[rows, width] lookup is never built.
-)doc");
-
 #define REGISTER_PROJECTION(T, Tid)                                                      \
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProjection", T, Tid,                        \
                               StitchedProjectionOp<T, Tid>);                              \
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProjectionGrad", T, Tid,                    \
                               StitchedProjectionGradOp<T, Tid>);                          \
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProjectionGradApply", T, Tid,               \
-                              StitchedProjectionGradApplyOp<T, Tid>);                     \
-  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedProduct", T, Tid, StitchedProductOp);
+                              StitchedProjectionGradApplyOp<T, Tid>);
 REGISTER_PROJECTION(float, int32_t)
 REGISTER_PROJECTION(float, int64_t)
 REGISTER_PROJECTION(double, int32_t)

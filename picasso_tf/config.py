@@ -20,13 +20,12 @@ class Config:
     stitching: where the model concatenates (or stacks) lookup outputs, have K-packing
       write them straight into the concatenation's layout, so that neither the
       concatenation nor the split of its gradient copies them.
-    projection: where such a concatenation only feeds a MatMul: with at most 8 output
-      units (a logistic regression, a wide part), compute the product from the tables'
-      rows directly, so that the concatenation and its gradient are never built; with
-      more (an MLP's first layer), keep the MatMul and compute its gradient and the
-      tables' per unique row of the batch instead of per sample, so that the
-      concatenation's gradient is never built (sums then run in another order than the
-      MatMul's: equal up to rounding).
+    projection: where such a concatenation only feeds a MatMul (a logistic regression,
+      a wide part, an MLP's first layer), compute the product and its gradients from the
+      tables' rows directly, so that the concatenation and its gradient are never
+      built. With more than 8 output units both work per unique row of the batch rather
+      than per sample (sums then run in another order than the MatMul's: equal up to
+      rounding).
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
@@ -37,7 +36,7 @@ class Config:
       (when the user's optimizer is supported) instead of the Keras optimizer.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
       SGD without momentum, the lazy forms) and a table's gradient comes from one stitched
-      projection (narrow or wide), apply the update inside the kernel that computes the
+      projection, apply the update inside the kernel that computes the
       gradient, while the rows are in cache, instead of writing the gradient out for a
       second kernel (same result).
     lazy_optimizer: for Adam, AdamW and RMSprop (whose Keras forms decay every row of a

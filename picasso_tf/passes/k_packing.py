@@ -2,9 +2,8 @@
 fused lookup kernel reading the group's packed table. Sites whose outputs the model
 only concatenates are looked up straight into the concatenation instead, by one
 stitched kernel per concatenation reading every packed table involved (stitching.py);
-where the concatenation only feeds a narrow MatMul, that kernel computes the product
-without building the concatenation (a stitched projection); where it feeds a wider
-one, the product gets the projection's gradient (per unique row, not per entry).
+where the concatenation only feeds a MatMul, a kernel computes the product from the
+tables' rows without building the concatenation (a stitched projection).
 
 The new ops are built with TensorFlow's Python API in a scratch graph holding the
 original GraphDef, so that attributes and shapes come from the op definitions; the
@@ -131,13 +130,11 @@ def _rewrite_group(graph, group, table, analysis, own, feature_names, edits):
 
 def _rewrite_stitch(graph, stitch, values, slot_of, feature_names, edits, projection):
     """Replaces the concatenations of a stitch by (reshapes of) one stitched lookup, or
-    the stitch's MatMul by a stitched projection (narrow) or by a MatMul of one with the
-    projection's gradient (wide); returns the report entry."""
+    the stitch's MatMul by a stitched projection; returns the report entry."""
     layout = _StitchLayout(graph, stitch, values, slot_of, feature_names)
     projected = stitch.projection if projection else None
     if projected:
-        product = layout.projection if projected.folded else layout.product
-        edits.replacements[projected.tensor] = canonical(product(projected.kernel).name)
+        edits.replacements[projected.tensor] = canonical(layout.projection(projected.kernel).name)
         edits.removed.add(projected.node)
     else:
         out = layout.lookup()
@@ -152,8 +149,7 @@ def _rewrite_stitch(graph, stitch, values, slot_of, feature_names, edits, projec
         edits.removed.update(part.chain + (part.site.chain if part.site else []))
     return {"concat": [c.node for c in stitch.outputs], "sites": len(stitch.sites), "width": stitch.width,
             "copied_inputs": len(stitch.parts) - len(stitch.sites),
-            "projection": projected.node if projected else None,
-            "projection_folded": bool(projected and projected.folded)}
+            "projection": projected.node if projected else None}
 
 
 def _one_site_per_table(analysis):
@@ -225,14 +221,6 @@ class _StitchLayout:
                 self.tables, dense_list=[d for d, _, _ in self.dense], table_index=self.table_index,
                 columns=self.columns, row_blocks=self.row_blocks,
                 dense_columns=[c for _, c, _ in self.dense], width=self.width, **self.site_args)
-
-    def product(self, kernel_name):
-        """The concatenation (PicassoStitchedLookup) times the kernel by a MatMul, with
-        the projection's gradient (PicassoStitchedProduct)."""
-        from picasso_tf.ops import stitched_projection as projection_ops
-        lookup = self.lookup()
-        with tf.name_scope("picasso/product/"):
-            return projection_ops.stitched_product(lookup, self.graph.get_tensor_by_name(kernel_name))
 
     def projection(self, kernel_name):
         """The concatenation times the kernel: PicassoStitchedProjection of the sites,

@@ -14,18 +14,15 @@ Twin concatenations, with the same inputs giving the same columns (DeepFM's FM p
 stacks the embeddings that its deep part concatenates flat: the same memory layout),
 share one stitched lookup: each takes its own reshape of it.
 
-A concatenation whose only use is a MatMul is noted as the stitch's projection: a
-narrow one (a logistic regression, a wide part: at most MAX_UNITS outputs) K-packing
-can fold into the lookup, a wider one (an MLP's first layer) keep and give the
-projection's gradient (picasso_tf.ops.stitched_projection).
+A concatenation whose only use is a MatMul (a logistic regression, a wide part, an
+MLP's first layer) is noted as the stitch's projection: K-packing can compute the
+product from the tables' rows (picasso_tf.ops.stitched_projection).
 """
 import dataclasses
 import math
 from typing import List, Optional
 
 import tensorflow as tf
-
-from picasso_tf.ops.stitched_projection import MAX_UNITS
 
 # Ops that only reshape their first input.
 _RESHAPES = {"Reshape", "ExpandDims", "Squeeze", "Identity"}
@@ -52,11 +49,6 @@ class StitchProjection:
     tensor: str                 # its output
     kernel: str                 # its [width, units] second input
     units: int
-
-    @property
-    def folded(self):
-        """Computed from the tables' rows (narrow); else the MatMul stays (wide)."""
-        return self.units <= MAX_UNITS
 
 
 @dataclasses.dataclass

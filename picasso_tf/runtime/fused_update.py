@@ -46,9 +46,9 @@ class InGradientUpdates:
     and the ops that do it.
 
     A kernel may update its tables when each is a packed table whose only read in the
-    step is the value the differentiated op took, used by no op but it and the ones
-    it names as reading it before its gradient (so that kernel's gradient is the
-    table's whole gradient, and nothing reads the table after it), and the optimizer
+    step is the value the differentiated op took, used by no other op (so that
+    kernel's gradient is the table's whole gradient, and nothing reads the table after
+    it), and the optimizer
     leaves rows without a gradient alone (Adagrad, SGD without momentum, any lazy
     form): the update of a row then needs only that row's gradient.
     """
@@ -56,10 +56,9 @@ class InGradientUpdates:
     def __init__(self, fused, iteration):
         self.fused, self.iteration, self.ops, self.variables = fused, iteration, [], []
 
-    def for_tables(self, tables, also_read_by=()):
+    def for_tables(self, tables):
         """Per table value, (variable, this step's sparse_apply.Update); None unless all qualify."""
-        variables = [_variable_read_only_as(t, self.fused.tables, also_read_by)
-                     for t in tables]
+        variables = [_variable_read_only_as(t, self.fused.tables) for t in tables]
         if any(v is None for v in variables):
             return None
         decays = {self.fused.decay[v.ref()] for v in variables}
@@ -74,11 +73,11 @@ class InGradientUpdates:
         self.variables.extend(variables)
 
 
-def _variable_read_only_as(value, tables, readers=()):
+def _variable_read_only_as(value, tables):
     """The variable of the packed table (among `tables`' values) whose one read in the
-    graph gives `value`, itself used by one op besides `readers`; else None."""
+    graph gives `value`, itself used by one op; else None."""
     read = value.op
-    if read.type != "ReadVariableOp" or sum(c not in readers for c in value.consumers()) != 1:
+    if read.type != "ReadVariableOp" or len(value.consumers()) != 1:
         return None
     handle = read.inputs[0]
     if handle.consumers() != [read]:
