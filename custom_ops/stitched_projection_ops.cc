@@ -476,87 +476,16 @@ class GroupedProjection {
   // few column blocks: each recomputes its z rows). Sites are added in one order.
   void Forward(OpKernelContext* ctx, T* y) const {
     constexpr int64_t kC = kBlockColumns<T>;
-    // Each cluster's unique rows, gathered once for all items.
-    struct Part {
-      const Table* table;
-      const RowClusters::Cluster* cluster;
-      int site;  // in the cluster
-      int64_t slot;
-      const T* rows;
-    };
-    std::vector<std::pair<const Table*, const RowClusters::Cluster*>> clusters;
-    for (const Table& g : tables_) {
-      for (const auto& c : g.groups.clusters) clusters.push_back({&g, &c});
-    }
-    std::vector<std::vector<T>> gathered(clusters.size());
-    int64_t entries = 0;
-    for (const auto& [g, c] : clusters) entries += c->num_entries();
-    const bool parallel = entries * units_ * sizeof(T) >= kMinParallelBytes;
-    RunWorkItems(ctx, clusters.size(), parallel, [&](int64_t k) {
-      const auto& [g, c] = clusters[k];
-      gathered[k].resize(c->num_unique() * g->d);
-      for (int64_t u = 0; u < c->num_unique(); ++u) {
-        std::copy_n(g->values + c->rows[u] * g->d, g->d, gathered[k].data() + u * g->d);
-      }
-    });
-    std::vector<Part> parts;
-    for (size_t k = 0; k < clusters.size(); ++k) {
-      const auto& [g, c] = clusters[k];
-      for (size_t i = 0; i < c->sites.size(); ++i) {
-        for (int64_t slot = 0; slot < g->slices[c->sites[i]].blocks; ++slot) {
-          parts.push_back({g, c, static_cast<int>(i), slot, gathered[k].data()});
-        }
-      }
-    }
+    std::vector<std::vector<T>> gathered;
+    const std::vector<Part> parts = Parts(ctx, &gathered);
     const int64_t column_blocks = (units_ + kC - 1) / kC;
     const int64_t row_blocks = std::clamp<int64_t>(NumThreads(ctx) / column_blocks, 1,
                                                    std::max<int64_t>(1, rows_ / 256));
     const int64_t block_rows = (rows_ + row_blocks - 1) / row_blocks;
     std::fill(y, y + rows_ * units_, T(0));
-    RunWorkItems(ctx, column_blocks * row_blocks, parallel, [&](int64_t item) {
-      const int64_t c0 = (item / row_blocks) * kC, columns = std::min(units_ - c0, kC);
-      const int64_t r0 = (item % row_blocks) * block_rows;
-      const int64_t r1 = std::min(rows_, r0 + block_rows);
-      thread_local std::vector<T> w, z;
-      std::vector<BandSite<T>> band;
-      for (size_t i = 0; i < parts.size() && r0 < r1;) {
-        // A band: one pooled part, or consecutive unpooled ones whose z rows fit.
-        auto pooled = [&](const Part& p) { return p.table->sites[p.cluster->sites[p.site]].pooled; };
-        size_t end = i + 1;
-        int64_t size = parts[i].cluster->num_unique() * kC;
-        while (!pooled(parts[i]) && end < parts.size() && !pooled(parts[end]) &&
-               (size + parts[end].cluster->num_unique() * kC) * sizeof(T) <= kBandBytes) {
-          size += parts[end++].cluster->num_unique() * kC;
-        }
-        z.resize(std::max<size_t>(z.size(), size));
-        band.clear();
-        int64_t offset = 0;
-        for (size_t k = i; k < end; ++k) {
-          const Part& p = parts[k];
-          const int64_t d = p.table->d, site = p.cluster->sites[p.site];
-          const KernelSlice<T>& slice = p.table->slices[site];
-          // The part's kernel rows, this block's columns, padded to kC.
-          w.assign(d * kC, T(0));
-          const T* kernel_rows = kernel_ + (slice.column + p.slot * d) * units_ + c0;
-          for (int64_t r = 0; r < d; ++r) std::copy_n(kernel_rows + r * units_, columns, &w[r * kC]);
-          DispatchDim(d, [&](auto dim) {
-            BlockProducts<decltype(dim)::value>(p.rows, p.cluster->num_unique(), d, w.data(),
-                                                z.data() + offset);
-          });
-          band.push_back({z.data() + offset, p.cluster->inverse.get() + p.cluster->site_begin[p.site],
-                          slice.blocks, p.slot});
-          offset += p.cluster->num_unique() * kC;
-        }
-        if (pooled(parts[i])) {
-          const Part& p = parts[i];
-          const int site = p.cluster->sites[p.site];
-          AddPooled(p.table->sites[site], band[0].blocks, p.slot, p.table->scales[site],
-                    band[0].inverse, band[0].z, r0, r1, units_, columns, y + c0);
-        } else {
-          AddBand(band, r0, r1, units_, columns, y + c0);
-        }
-        i = end;
-      }
+    RunWorkItems(ctx, column_blocks * row_blocks, Parallel(), [&](int64_t item) {
+      const int64_t c0 = (item / row_blocks) * kC, r0 = (item % row_blocks) * block_rows;
+      AddParts(parts, c0, std::min(units_ - c0, kC), r0, std::min(rows_, r0 + block_rows), y);
     });
   }
 
@@ -610,6 +539,96 @@ class GroupedProjection {
 
  private:
   const ProjectionAttrs* attrs_ = nullptr;
+  // What Forward adds to the output: a site (and sequence slot) with its cluster's
+  // unique rows' values [unique rows, d].
+  struct Part {
+    const Table* table;
+    const RowClusters::Cluster* cluster;
+    int k;  // the site's index in the cluster
+    int64_t slot;
+    const T* values;
+
+    const Site<T, Tid>& site() const { return table->sites[cluster->sites[k]]; }
+    const KernelSlice<T>& slice() const { return table->slices[cluster->sites[k]]; }
+    const T* scales() const { return table->scales[cluster->sites[k]]; }
+    const uint32_t* inverse() const { return cluster->inverse.get() + cluster->site_begin[k]; }
+  };
+
+  bool Parallel() const {
+    int64_t entries = 0;
+    for (const Table& g : tables_) {
+      for (const auto& c : g.groups.clusters) entries += c.num_entries();
+    }
+    return entries * units_ * sizeof(T) >= kMinParallelBytes;
+  }
+
+  // The parts in order, each cluster's unique rows gathered (once, into `gathered`).
+  std::vector<Part> Parts(OpKernelContext* ctx, std::vector<std::vector<T>>* gathered) const {
+    std::vector<std::pair<const Table*, const RowClusters::Cluster*>> clusters;
+    for (const Table& g : tables_) {
+      for (const auto& c : g.groups.clusters) clusters.push_back({&g, &c});
+    }
+    gathered->assign(clusters.size(), {});
+    RunWorkItems(ctx, clusters.size(), Parallel(), [&](int64_t k) {
+      const auto& [g, c] = clusters[k];
+      std::vector<T>& values = (*gathered)[k];
+      values.resize(c->num_unique() * g->d);
+      for (int64_t u = 0; u < c->num_unique(); ++u) {
+        std::copy_n(g->values + c->rows[u] * g->d, g->d, values.data() + u * g->d);
+      }
+    });
+    std::vector<Part> parts;
+    for (size_t k = 0; k < clusters.size(); ++k) {
+      const auto& [g, c] = clusters[k];
+      for (size_t i = 0; i < c->sites.size(); ++i) {
+        for (int64_t slot = 0; slot < g->slices[c->sites[i]].blocks; ++slot) {
+          parts.push_back({g, c, static_cast<int>(i), slot, (*gathered)[k].data()});
+        }
+      }
+    }
+    return parts;
+  }
+
+  // Adds every part's products to columns [c0, c0 + columns) of output rows [r0, r1),
+  // a band at a time: one pooled part, or consecutive unpooled ones whose z rows fit.
+  void AddParts(const std::vector<Part>& parts, int64_t c0, int64_t columns, int64_t r0,
+                int64_t r1, T* y) const {
+    constexpr int64_t kC = kBlockColumns<T>;
+    thread_local std::vector<T> w, z;
+    std::vector<BandSite<T>> band;
+    for (size_t i = 0; i < parts.size() && r0 < r1;) {
+      size_t end = i + 1;
+      int64_t size = parts[i].cluster->num_unique() * kC;
+      while (!parts[i].site().pooled && end < parts.size() && !parts[end].site().pooled &&
+             (size + parts[end].cluster->num_unique() * kC) * sizeof(T) <= kBandBytes) {
+        size += parts[end++].cluster->num_unique() * kC;
+      }
+      z.resize(std::max<size_t>(z.size(), size));
+      band.clear();
+      for (size_t k = i, offset = 0; k < end; offset += parts[k++].cluster->num_unique() * kC) {
+        const Part& p = parts[k];
+        const int64_t d = p.table->d;
+        // The part's kernel rows, this block's columns, padded to kC.
+        w.assign(d * kC, T(0));
+        const T* kernel_rows = kernel_ + (p.slice().column + p.slot * d) * units_ + c0;
+        for (int64_t r = 0; r < d; ++r) std::copy_n(kernel_rows + r * units_, columns, &w[r * kC]);
+        DispatchDim(d, [&](auto dim) {
+          BlockProducts<decltype(dim)::value>(p.values, p.cluster->num_unique(), d, w.data(),
+                                              z.data() + offset);
+        });
+        band.push_back({z.data() + offset, p.inverse(), p.slice().blocks, p.slot});
+      }
+      if (parts[i].site().pooled) {
+        const Part& p = parts[i];
+        AddPooled(p.site(), band[0].blocks, p.slot, p.scales(), band[0].inverse, band[0].z, r0, r1,
+                  units_, columns, y + c0);
+      } else {
+        AddBand(band, r0, r1, units_, columns, y + c0);
+      }
+      i = end;
+    }
+  }
+
   int64_t rows_ = 0, units_ = 0;
   std::vector<std::vector<T>> scale_buffers_;
   const T* kernel_ = nullptr;
