@@ -25,7 +25,9 @@ class Config:
       tables' rows directly, so that the concatenation and its gradient are never
       built. With more than 8 output units both work per unique row of the batch rather
       than per sample (sums then run in another order than the MatMul's: equal up to
-      rounding).
+      rounding), which pays off where ids repeat within a batch, as CTR ids do; where
+      nearly every id of a batch is distinct the forward is slower than the MatMul, and
+      projection=False is the faster choice.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
