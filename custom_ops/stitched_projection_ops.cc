@@ -476,14 +476,15 @@ class GroupedProjection {
   // few column blocks: each recomputes its z rows). Sites are added in one order.
   void Forward(OpKernelContext* ctx, T* y) const {
     constexpr int64_t kC = kBlockColumns<T>;
+    const bool parallel = Parallel();
     std::vector<std::vector<T>> gathered;
-    const std::vector<Part> parts = Parts(ctx, &gathered);
+    const std::vector<Part> parts = Parts(ctx, parallel, &gathered);
     const int64_t column_blocks = (units_ + kC - 1) / kC;
     const int64_t row_blocks = std::clamp<int64_t>(NumThreads(ctx) / column_blocks, 1,
                                                    std::max<int64_t>(1, rows_ / 256));
     const int64_t block_rows = (rows_ + row_blocks - 1) / row_blocks;
     std::fill(y, y + rows_ * units_, T(0));
-    RunWorkItems(ctx, column_blocks * row_blocks, Parallel(), [&](int64_t item) {
+    RunWorkItems(ctx, column_blocks * row_blocks, parallel, [&](int64_t item) {
       const int64_t c0 = (item / row_blocks) * kC, r0 = (item % row_blocks) * block_rows;
       AddParts(parts, c0, std::min(units_ - c0, kC), r0, std::min(rows_, r0 + block_rows), y);
     });
@@ -554,6 +555,7 @@ class GroupedProjection {
     const uint32_t* inverse() const { return cluster->inverse.get() + cluster->site_begin[k]; }
   };
 
+  // Whether the work is large enough to pay for waking threads.
   bool Parallel() const {
     int64_t entries = 0;
     for (const Table& g : tables_) {
@@ -563,13 +565,14 @@ class GroupedProjection {
   }
 
   // The parts in order, each cluster's unique rows gathered (once, into `gathered`).
-  std::vector<Part> Parts(OpKernelContext* ctx, std::vector<std::vector<T>>* gathered) const {
+  std::vector<Part> Parts(OpKernelContext* ctx, bool parallel,
+                          std::vector<std::vector<T>>* gathered) const {
     std::vector<std::pair<const Table*, const RowClusters::Cluster*>> clusters;
     for (const Table& g : tables_) {
       for (const auto& c : g.groups.clusters) clusters.push_back({&g, &c});
     }
     gathered->assign(clusters.size(), {});
-    RunWorkItems(ctx, clusters.size(), Parallel(), [&](int64_t k) {
+    RunWorkItems(ctx, clusters.size(), parallel, [&](int64_t k) {
       const auto& [g, c] = clusters[k];
       std::vector<T>& values = (*gathered)[k];
       values.resize(c->num_unique() * g->d);
@@ -651,24 +654,26 @@ class StitchedProjectionOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
     std::vector<Site<T, Tid>> sites;
     OP_REQUIRES_OK(ctx, ReadSites(ctx, kProjectionOp, layout, &sites));
+    const Tensor& kernel = ctx->input(ctx->num_inputs() - 1);
+    const int64_t rows = sites[0].out_rows() / attrs_.stitch.row_blocks[0];
+    Tensor* output;
+    if (kernel.dims() == 2 && kernel.dim_size(1) > kMaxProjectionUnits) {
+      GroupedProjection<T, Tid> wide;  // checks the inputs as it groups them
+      OP_REQUIRES_OK(ctx, wide.Prepare(ctx, kProjectionOp, attrs_, tables, kernel, rows));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, kernel.dim_size(1)}),
+                                               &output));
+      wide.Forward(ctx, output->flat<T>().data());
+      return;
+    }
     std::vector<const T*> site_tables;
     std::vector<int64_t> dims;
     OP_REQUIRES_OK(ctx, SiteTables(kProjectionOp, layout, attrs_.table_index, tables,
                                    &site_tables, &dims));
-    const Tensor& kernel = ctx->input(ctx->num_inputs() - 1);
-    const int64_t rows = sites[0].out_rows() / attrs_.stitch.row_blocks[0];
     OP_REQUIRES_OK(ctx, CheckProjection(kProjectionOp, layout, attrs_.stitch, sites, dims,
                                         kernel, attrs_.width, rows));
     const int64_t units = kernel.dim_size(1);
-    Tensor* output;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("output", TensorShape({rows, units}), &output));
     T* y = output->flat<T>().data();
-    if (units > kMaxProjectionUnits) {
-      GroupedProjection<T, Tid> wide;
-      OP_REQUIRES_OK(ctx, wide.Prepare(ctx, kProjectionOp, attrs_, tables, kernel, rows));
-      wide.Forward(ctx, y);
-      return;
-    }
     std::fill(y, y + rows * units, T(0));
     PooledIndexes pooled;
     OP_REQUIRES_OK(ctx, pooled.Build(ctx, kProjectionOp, layout, sites));

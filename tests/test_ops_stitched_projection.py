@@ -108,8 +108,9 @@ def test_bad_ids_weights_and_kernels_are_named():
     tables, sites, _, kwargs, _ = make_stitch(rng, 10, SPECS[:2], {})
     kernel = np.ones((kwargs["width"], 1), np.float32)
     sites[1]["ids"][4] = 999
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'F1'.*got 999"):
-        project(tables, sites, kernel, kwargs)
+    for units in (1, 9):   # narrow, wide
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'F1'.*got 999"):
+            project(tables, sites, np.ones((kwargs["width"], units), np.float32), kwargs)
     sites[1]["ids"][4] = 0
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"kernel must be \[width"):
         project(tables, sites, np.ones((kwargs["width"] + 1, 9), np.float32), kwargs)

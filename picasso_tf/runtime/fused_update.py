@@ -48,9 +48,8 @@ class InGradientUpdates:
     A kernel may update its tables when each is a packed table whose only read in the
     step is the value the differentiated op took, used by no other op (so that
     kernel's gradient is the table's whole gradient, and nothing reads the table after
-    it), and the optimizer
-    leaves rows without a gradient alone (Adagrad, SGD without momentum, any lazy
-    form): the update of a row then needs only that row's gradient.
+    it), and the optimizer leaves rows without a gradient alone (Adagrad, SGD without
+    momentum, any lazy form): the update of a row then needs only that row's gradient.
     """
 
     def __init__(self, fused, iteration):
