@@ -115,6 +115,18 @@ bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table,
   return true;
 }
 
+// values [rows.size(), d] = those rows of table, prefetched ahead (scattered over a
+// table that is mostly not in cache).
+template <typename T>
+void GatherRows(const T* table, const std::vector<int64_t>& rows, int64_t d, T* values) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t ahead = PrefetchDistance(d * sizeof(T));
+  for (int64_t u = 0; u < n; ++u) {
+    if (u + ahead < n) PrefetchBytes(table + rows[u + ahead] * d, d * sizeof(T));
+    std::copy_n(table + rows[u] * d, d, values + u * d);
+  }
+}
+
 // Checks what the projection ops take: no per-id weights, a [width, units] kernel
 // with at least one unit, and sites that fit the stitched columns without
 // overlapping, in `rows` rows.
@@ -351,27 +363,188 @@ void NarrowRowGrads(const KernelSlice<T>& slice, int64_t slot, const T* sums,
   }
 }
 
-template <typename T>
-using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// A wide kernel, fused: the entries of a site (and slot) ordered by unique row, then
+// per block of kGradRows unique rows their sums s_u added up in registers (into a
+// buffer that stays in L1), row u's gradient gaining the dot products of s_u with the
+// slot's d kernel rows and those rows' gradient gaining table[u] * s_u. S is never
+// written whole, nor packed for a matrix product.
+constexpr int kGradRows = 8;
 
-// A wide kernel ([width, units] as given): the same two updates for all unique rows
-// at once, as matrix products: out += S W_s^T and dW_s += E^T S, with S the summed
-// upstream rows [unique, units], W_s and dW_s the slot's d kernel rows [d, units] and
-// E the unique rows' values [unique, d] (gathered into `gathered`).
+// The entries of a site in one slot, ordered by unique row: row u's are
+// [starts[u], starts[u + 1]) of `rows` (each entry's dy row) and of `scales` (mean and
+// sqrtn sites only; else empty), in ascending entry order.
 template <typename T>
-void WideRowGrads(const T* kernel, int64_t units, int64_t first_column, const T* sums,
-                  const std::vector<int64_t>& rows, const T* table, int64_t d, T* out, T* dk,
-                  std::vector<T>* gathered) {
-  const int64_t num_unique = static_cast<int64_t>(rows.size());
-  gathered->resize(num_unique * d);
-  for (int64_t u = 0; u < num_unique; ++u) {
-    std::copy_n(table + rows[u] * d, d, gathered->data() + u * d);
+struct EntriesByRow {
+  std::vector<uint32_t> starts, rows, next;
+  std::vector<T> scales;
+
+  template <typename Tid>
+  void Build(const Site<T, Tid>& s, int64_t blocks, int64_t slot, const T* segment_scales,
+             const uint32_t* inverse, int64_t num_unique) {
+    // Calls fn(local entry, dy row, scale) for the slot's entries in order.
+    auto visit = [&](const auto& fn) {
+      if (!s.pooled) {
+        for (int64_t j = slot; j < s.n; j += blocks) fn(j, j / blocks, T(1));
+        return;
+      }
+      for (int64_t j = 0; j < s.n; ++j) {
+        const int64_t seg = s.segments[j];
+        if (seg % blocks == slot) fn(j, seg / blocks, segment_scales ? segment_scales[seg] : T(1));
+      }
+    };
+    starts.assign(num_unique + 1, 0);
+    visit([&](int64_t j, int64_t, T) { ++starts[inverse[j] + 1]; });
+    for (int64_t u = 0; u < num_unique; ++u) starts[u + 1] += starts[u];
+    rows.resize(starts[num_unique]);
+    scales.resize(segment_scales ? rows.size() : 0);
+    next.assign(starts.begin(), starts.end() - 1);
+    visit([&](int64_t j, int64_t row, T scale) {
+      const uint32_t p = next[inverse[j]]++;
+      rows[p] = static_cast<uint32_t>(row);
+      if (segment_scales) scales[p] = scale;
+    });
   }
-  Eigen::Map<const RowMajorMatrix<T>> s(sums, num_unique, units);
-  Eigen::Map<const RowMajorMatrix<T>> w(kernel + first_column * units, d, units);
-  Eigen::Map<const RowMajorMatrix<T>> e(gathered->data(), num_unique, d);
-  Eigen::Map<RowMajorMatrix<T>>(out, num_unique, d).noalias() += s * w.transpose();
-  Eigen::Map<RowMajorMatrix<T>>(dk + first_column * units, d, units).noalias() += e.transpose() * s;
+};
+
+// sum [units] = the (scaled) dy rows of entries [first, last) of `entries`, a block of
+// columns at a time in registers.
+template <typename T>
+void SumEntries(const EntriesByRow<T>& entries, int64_t first, int64_t last, const T* dy,
+                int64_t units, T* sum) {
+  using Eigen::internal::padd;
+  using Eigen::internal::pmadd;
+  using Eigen::internal::ploadu;
+  using Eigen::internal::pset1;
+  using P = Packet<T>;
+  constexpr int64_t kL = kLanes<T>, kC = kBlockColumns<T>;
+  const uint32_t* rows = entries.rows.data();
+  const T* scales = entries.scales.empty() ? nullptr : entries.scales.data();
+  const int64_t full = units / kC * kC;
+  for (int64_t c0 = 0; c0 < full; c0 += kC) {
+    P acc[kBlockPackets];
+    for (P& a : acc) a = pset1<P>(T(0));
+    for (int64_t e = first; e < last; ++e) {
+      const T* g = dy + rows[e] * units + c0;
+      if (scales) {
+        const P scale = pset1<P>(scales[e]);
+        for (int v = 0; v < kBlockPackets; ++v) {
+          acc[v] = pmadd(scale, ploadu<P>(g + v * kL), acc[v]);
+        }
+      } else {
+        for (int v = 0; v < kBlockPackets; ++v) acc[v] = padd(acc[v], ploadu<P>(g + v * kL));
+      }
+    }
+    for (int v = 0; v < kBlockPackets; ++v) Eigen::internal::pstoreu(sum + c0 + v * kL, acc[v]);
+  }
+  for (int64_t p = full; p < units; ++p) {
+    T total = T(0);
+    for (int64_t e = first; e < last; ++e) {
+      total += (scales ? scales[e] : T(1)) * dy[rows[e] * units + p];
+    }
+    sum[p] = total;
+  }
+}
+
+// out [kRows, d] += s [kRows, units] wt [units, d], d a multiple of kWidth: packets of
+// kWidth lanes across d, each s value broadcast.
+template <int kRows, int kWidth, typename T>
+void DotsAcross(const T* s, const T* wt, int64_t d, int64_t units, T* out) {
+  using Eigen::internal::pmadd;
+  using Eigen::internal::pset1;
+  using P = typename Eigen::internal::find_packet_by_size<T, kWidth>::type;
+  for (int64_t i0 = 0; i0 < d; i0 += kWidth) {
+    P acc[kRows];
+    for (P& a : acc) a = pset1<P>(T(0));
+    for (int64_t k = 0; k < units; ++k) {
+      const P wk = Eigen::internal::ploadu<P>(wt + k * d + i0);
+      for (int r = 0; r < kRows; ++r) acc[r] = pmadd(pset1<P>(s[r * units + k]), wk, acc[r]);
+    }
+    for (int r = 0; r < kRows; ++r) {
+      T* o = out + r * d + i0;
+      Eigen::internal::pstoreu(o, Eigen::internal::padd(Eigen::internal::ploadu<P>(o), acc[r]));
+    }
+  }
+}
+
+// The same with the widest packet (kWidth lanes or fewer) that divides d; for a d that
+// none divides, one dot product per output, along units.
+template <int kRows, int kWidth, typename T>
+void Dots(const T* s, const T* wt, int64_t d, int64_t units, T* out) {
+  if constexpr (kWidth > 1) {
+    if constexpr (Eigen::internal::find_packet_by_size<T, kWidth>::value) {
+      if (d % kWidth == 0) return DotsAcross<kRows, kWidth>(s, wt, d, units, out);
+    }
+    return Dots<kRows, kWidth / 2>(s, wt, d, units, out);
+  } else {
+    for (int r = 0; r < kRows; ++r) {
+      for (int64_t i = 0; i < d; ++i) {
+        T dot = T(0);
+        for (int64_t k = 0; k < units; ++k) dot += s[r * units + k] * wt[k * d + i];
+        out[r * d + i] += dot;
+      }
+    }
+  }
+}
+
+// dw [d, units] += e^T s for kRows rows with values e [kRows, d] and sums s [kRows, units].
+template <int kRows, typename T>
+void KernelRowGrads(const T* s, const T* e, int64_t d, int64_t units, T* dw) {
+  using Eigen::internal::pmadd;
+  using Eigen::internal::ploadu;
+  using Eigen::internal::pset1;
+  using P = Packet<T>;
+  constexpr int64_t kL = kLanes<T>, kC = kBlockColumns<T>;
+  const int64_t full = units / kC * kC;
+  for (int64_t c0 = 0; c0 < full; c0 += kC) {
+    P sv[kRows][kBlockPackets];
+    for (int r = 0; r < kRows; ++r) {
+      for (int v = 0; v < kBlockPackets; ++v) sv[r][v] = ploadu<P>(s + r * units + c0 + v * kL);
+    }
+    for (int64_t i = 0; i < d; ++i) {
+      T* dwi = dw + i * units + c0;
+      P acc[kBlockPackets];
+      for (int v = 0; v < kBlockPackets; ++v) acc[v] = ploadu<P>(dwi + v * kL);
+      for (int r = 0; r < kRows; ++r) {
+        const P er = pset1<P>(e[r * d + i]);
+        for (int v = 0; v < kBlockPackets; ++v) acc[v] = pmadd(er, sv[r][v], acc[v]);
+      }
+      for (int v = 0; v < kBlockPackets; ++v) Eigen::internal::pstoreu(dwi + v * kL, acc[v]);
+    }
+  }
+  for (int64_t c = full; c < units; ++c) {
+    for (int64_t i = 0; i < d; ++i) {
+      T total = dw[i * units + c];
+      for (int r = 0; r < kRows; ++r) total += e[r * d + i] * s[r * units + c];
+      dw[i * units + c] = total;
+    }
+  }
+}
+
+// The fused wide gradients of one site (and slot): values [unique rows, d] are the
+// cluster's rows, w and dw the slot's kernel rows and their gradient.
+template <typename T>
+void WideSiteGrads(const EntriesByRow<T>& entries, const T* values, int64_t d, const T* dy,
+                   int64_t units, const T* wt, T* out, T* dw) {
+  constexpr int kHalf = kGradRows / 2;
+  const int64_t num_unique = static_cast<int64_t>(entries.starts.size()) - 1;
+  thread_local std::vector<T> sums;
+  sums.resize(kGradRows * units);
+  int64_t u = 0;
+  for (; u + kGradRows <= num_unique; u += kGradRows) {
+    for (int r = 0; r < kGradRows; ++r) {
+      SumEntries(entries, entries.starts[u + r], entries.starts[u + r + 1], dy, units,
+                 sums.data() + r * units);
+    }
+    Dots<kGradRows, kLanes<T>>(sums.data(), wt, d, units, out + u * d);
+    // In two halves: a half's sums (kHalf x kBlockPackets packets) stay in registers.
+    KernelRowGrads<kHalf>(sums.data(), values + u * d, d, units, dw);
+    KernelRowGrads<kHalf>(sums.data() + kHalf * units, values + (u + kHalf) * d, d, units, dw);
+  }
+  for (; u < num_unique; ++u) {
+    SumEntries(entries, entries.starts[u], entries.starts[u + 1], dy, units, sums.data());
+    Dots<1, kLanes<T>>(sums.data(), wt, d, units, out + u * d);
+    KernelRowGrads<1>(sums.data(), values + u * d, d, units, dw);
+  }
 }
 
 // `out` receives the cluster's [unique rows, d] gradient; dk is the kernel's gradient
@@ -383,21 +556,34 @@ void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
                         const T* table, int64_t d, const T* dy, const T* kernel, T* out, T* dk) {
   const int64_t num_unique = c.num_unique();
   const int64_t units = slices.empty() ? 0 : slices[0].units;
+  const bool wide = units > kMaxProjectionUnits;
   std::fill(out, out + num_unique * d, T(0));
-  thread_local std::vector<T> sums, gathered;
+  thread_local std::vector<T> sums, values, wt;
+  thread_local EntriesByRow<T> entries;
+  if (wide) {
+    values.resize(num_unique * d);
+    GatherRows(table, c.rows, d, values.data());
+  }
   for (size_t k = 0; k < c.sites.size(); ++k) {
+    const Site<T, Tid>& s = sites[c.sites[k]];
     const KernelSlice<T>& slice = slices[c.sites[k]];
     const uint32_t* inverse = c.inverse.get() + c.site_begin[k];
     for (int64_t slot = 0; slot < slice.blocks; ++slot) {
-      sums.assign(num_unique * units, T(0));
-      SumUpstream(sites[c.sites[k]], slice.blocks, slot, scales[c.sites[k]], inverse, dy, units,
-                  sums.data());
-      if (units <= kMaxProjectionUnits) {
+      if (!wide) {
+        sums.assign(num_unique * units, T(0));
+        SumUpstream(s, slice.blocks, slot, scales[c.sites[k]], inverse, dy, units, sums.data());
         NarrowRowGrads<kD>(slice, slot, sums.data(), c.rows, table, d, out, dk);
-      } else {
-        WideRowGrads(kernel, units, slice.column + slot * d, sums.data(), c.rows, table, d, out,
-                     dk, &gathered);
+        continue;
       }
+      entries.Build(s, slice.blocks, slot, scales[c.sites[k]], inverse, num_unique);
+      // The slot's kernel rows [d, units], transposed for Dots.
+      const T* w = kernel + (slice.column + slot * d) * units;
+      wt.resize(units * d);
+      for (int64_t i = 0; i < d; ++i) {
+        for (int64_t p = 0; p < units; ++p) wt[p * d + i] = w[i * units + p];
+      }
+      WideSiteGrads(entries, values.data(), d, dy, units, wt.data(), out,
+                    dk + (w - kernel));
     }
   }
 }
@@ -576,9 +762,7 @@ class GroupedProjection {
       const auto& [g, c] = clusters[k];
       std::vector<T>& values = (*gathered)[k];
       values.resize(c->num_unique() * g->d);
-      for (int64_t u = 0; u < c->num_unique(); ++u) {
-        std::copy_n(g->values + c->rows[u] * g->d, g->d, values.data() + u * g->d);
-      }
+      GatherRows(g->values, c->rows, g->d, values.data());
     });
     std::vector<Part> parts;
     for (size_t k = 0; k < clusters.size(); ++k) {

@@ -8,12 +8,11 @@ from picasso_tf.ops.stitched_lookup import stitched_lookup
 from test_ops_packed_lookup import np_lookup
 
 
-def make_stitch(rng, rows, specs, dense_widths, id_dtype=np.int64):
+def make_stitch(rng, rows, specs, dense_widths, id_dtype=np.int64, dims=(4, 8, 5)):
     """specs: (table, vocab, combiner, row_blocks, weighted) per site, in column order
-    after the dense inputs interleaved at the positions in dense_widths ({position: w}).
-    Returns the tables, per-site inputs, the kwargs of stitched_lookup and a NumPy
-    reference of its output."""
-    dims = [4, 8, 5]
+    after the dense inputs interleaved at the positions in dense_widths ({position: w}),
+    with tables of widths dims. Returns the tables, per-site inputs, the kwargs of
+    stitched_lookup and a NumPy reference of its output."""
     tables = [rng.normal(size=(400, d)).astype(np.float32) for d in dims]
     next_offset = [0, 0, 0]
     kwargs = {k: [] for k in ("table_index", "columns", "row_blocks", "dense_columns", "offsets",
