@@ -249,7 +249,10 @@ inline void ProductRows(const T* e, int64_t d, const T* w, T* z) {
 // z [num_unique, kBlockColumns] = e [num_unique, d] w [d, kBlockColumns].
 template <int64_t kD, typename T>
 void BlockProducts(const T* e, int64_t num_unique, int64_t d, const T* w, T* z) {
-  constexpr int kRows = 4;
+  // As many rows as the vector registers hold accumulators for, next to the kernel
+  // row's packets and a broadcast: 6 with AVX-512 (measured faster than 4), 2 with AVX2.
+  constexpr int kRows = std::max(
+      1, (EIGEN_ARCH_DEFAULT_NUMBER_OF_REGISTERS - kBlockPackets - 1) / kBlockPackets);
   constexpr int64_t kC = kBlockColumns<T>;
   int64_t u = 0;
   for (; u + kRows <= num_unique; u += kRows) ProductRows<kRows, kD>(e + u * d, d, w, z + u * kC);
