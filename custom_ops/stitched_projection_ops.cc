@@ -524,7 +524,8 @@ void KernelRowGrads(const T* s, const T* e, int64_t d, int64_t units, T* dw) {
 }
 
 // The fused wide gradients of one site (and slot): values [unique rows, d] are the
-// cluster's rows, w and dw the slot's kernel rows and their gradient.
+// cluster's rows, wt the slot's d kernel rows transposed [units, d], dw their gradient
+// [d, units].
 template <typename T>
 void WideSiteGrads(const EntriesByRow<T>& entries, const T* values, int64_t d, const T* dy,
                    int64_t units, const T* wt, T* out, T* dw) {

@@ -13,7 +13,9 @@ repeat (a batch of 4096 draws about 1,000 distinct ids per field under Zipf 1.2)
 so each distinct row's product with its kernel rows is computed once and added to
 the output rows of its entries, a fraction of a MatMul's work on the concatenation.
 The gradient works per unique row for any width: the upstream rows of a row's
-entries summed once, then two small matrix products per site.
+entries summed once, then that sum meets the site's kernel rows (the row's
+gradient) and the row's values (the kernel's gradient); with a wide kernel, a few
+rows at a time in registers, so the sums are never written out.
 
 Sites are laid out as in ``stitched_lookup`` (``columns``, ``row_blocks``); columns
 that no site covers (dense inputs of the concatenation) contribute nothing here:
