@@ -20,10 +20,14 @@
 //                            (and without the split of its gradient).
 //   PicassoStitchedLookupGrad  the tables' gradients, reading the sites' columns of
 //                            the stitched gradient in place.
+//   PicassoStitchedLookupGradApply  the same gradients, each table's rows handed to an
+//                            optimizer's update as soon as they are summed.
 //
 // Work is cut into items of similar cost that the intra-op threads claim one at a
 // time (picasso_common.h). Ids are checked inside the hot loops; when one is bad, a
 // sequential re-scan finds the first bad value in input order for the error message.
+
+#define EIGEN_USE_THREADS  // before any Eigen header: variable updates run on the CPU device
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +40,8 @@
 #include <vector>
 
 #include "packed_sites.h"
+#include "sparse_updates.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -47,9 +53,7 @@ namespace {
 
 constexpr char kUniqueOp[] = "PicassoPackedUnique";
 constexpr char kLookupOp[] = "PicassoPackedLookup";
-constexpr char kGradOp[] = "PicassoPackedLookupGrad";
 constexpr char kStitchedOp[] = "PicassoStitchedLookup";
-constexpr char kStitchedGradOp[] = "PicassoStitchedLookupGrad";
 
 // Item size in bytes for `total_bytes` bytes of rows spread over the threads.
 int64_t TargetItemBytes(OpKernelContext* ctx, int64_t total_bytes) {
@@ -511,9 +515,6 @@ void SumContributions(const std::vector<Site<T, Tid>>& sites,
   }
 }
 
-// The table gradient of PicassoPackedLookup (kStitched false: one gradient tensor per
-// site) or of one table's sites of PicassoStitchedLookup (kStitched true: the sites'
-// gradients are columns of the stitched output's gradient).
 // A one-site, unpooled cluster of a stitched gradient, as SumBand reads it.
 template <typename T>
 struct GradColumn {
@@ -564,70 +565,87 @@ void SumBand(const std::vector<GradColumn<T>>& columns, int64_t rows) {
   }
 }
 
-// The table gradients of PicassoPackedLookup (kStitched false: one table, one
-// gradient tensor per site) or of PicassoStitchedLookup (kStitched true: every table
-// of the op; the sites' gradients are columns of the stitched output's gradient).
-template <typename T, typename Tid, bool kStitched>
-class PackedLookupGradOp : public OpKernel {
- public:
-  explicit PackedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/true));
-    const int n = layout_.size();
+// The attributes of a lookup gradient: kStitched false, PicassoPackedLookupGrad (one
+// table, one gradient tensor per site); true, PicassoStitchedLookupGrad(Apply) (every
+// table of a PicassoStitchedLookup, the sites' gradients columns of its output's).
+template <bool kStitched>
+struct LookupGradAttrs {
+  Status Init(OpKernelConstruction* c) {
+    op = c->def().op();
+    TF_RETURN_IF_ERROR(layout.Init(c, /*with_combiners=*/true));
+    const int n = layout.size();
     if (kStitched) {
-      OP_REQUIRES_OK(c, stitch_.Init(c, n));
-      OP_REQUIRES_OK(c, c->GetAttr("table_index", &table_index_));
-      OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
-      OP_REQUIRES_OK(c, c->GetAttr("num_rows", &num_rows_));
-      OP_REQUIRES(c, table_index_.size() == n && dims_.size() == num_rows_.size(),
-                  errors::InvalidArgument(kOpName, ": table_index needs one entry per site, ",
-                                          "dims and num_rows one per table"));
+      TF_RETURN_IF_ERROR(stitch.Init(c, n));
+      TF_RETURN_IF_ERROR(c->GetAttr("table_index", &table_index));
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &num_rows));
+      if (table_index.size() != n || dims.size() != num_rows.size()) {
+        return errors::InvalidArgument(op, ": table_index needs one entry per site, dims and ",
+                                       "num_rows one per table");
+      }
     } else {
-      int64_t num_rows;
-      OP_REQUIRES_OK(c, c->GetAttr("num_rows", &num_rows));
-      num_rows_ = {num_rows};
-      table_index_.assign(n, 0);
+      int64_t rows;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &rows));
+      num_rows = {rows};
+      table_index.assign(n, 0);
     }
-    OP_REQUIRES_OK(c, by_table_.Init(kOpName, layout_, table_index_, num_rows_.size()));
-    for (size_t t = 0; t < num_rows_.size(); ++t) {
-      OP_REQUIRES_OK(c, by_table_.layouts[t].CheckRows(kOpName, num_rows_[t]));
+    TF_RETURN_IF_ERROR(by_table.Init(op.c_str(), layout, table_index, num_rows.size()));
+    for (size_t t = 0; t < num_rows.size(); ++t) {
+      TF_RETURN_IF_ERROR(by_table.layouts[t].CheckRows(op.c_str(), num_rows[t]));
     }
+    return OkStatus();
   }
 
-  void Compute(OpKernelContext* ctx) override {
+  std::string op;
+  PackedLayout layout;
+  StitchLayout stitch;
+  std::vector<int64_t> table_index, dims, num_rows;
+  TableSites by_table;
+};
+
+// One call's table gradients (see LookupGradAttrs): Prepare reads the inputs and
+// groups each table's entries by row; Run sums every unique row's gradient.
+template <typename T, typename Tid, bool kStitched>
+class LookupGradients {
+ public:
+  Status Prepare(OpKernelContext* ctx, const LookupGradAttrs<kStitched>& attrs) {
+    const char* op = attrs.op.c_str();
+    const PackedLayout& layout = attrs.layout;
     std::vector<Site<T, Tid>> sites;
-    OP_REQUIRES_OK(ctx, ReadSites(ctx, kOpName, layout_, &sites));
-    const int num_sites = layout_.size();
-    const int num_tables = static_cast<int>(num_rows_.size());
+    TF_RETURN_IF_ERROR(ReadSites(ctx, op, layout, &sites));
+    const int num_sites = layout.size();
     std::vector<RowPlace<const T>> grads(num_sites);
-    std::vector<int64_t> dims = dims_;
-    int64_t stitched_rows = 0;
+    std::vector<int64_t> dims = attrs.dims;
     if (kStitched) {
       const Tensor& grad = ctx->input(0);
-      OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(grad.shape()),
-                  errors::InvalidArgument(kOpName, ": grad must be a matrix [rows, width]; got ",
-                                          grad.shape().DebugString()));
-      stitched_rows = grad.dim_size(0);
+      if (!TensorShapeUtils::IsMatrix(grad.shape())) {
+        return errors::InvalidArgument(op, ": grad must be a matrix [rows, width]; got ",
+                                       grad.shape().DebugString());
+      }
+      stitched_rows_ = grad.dim_size(0);
       for (int i = 0; i < num_sites; ++i) {
-        OP_REQUIRES_OK(ctx, stitch_.Place(kOpName, layout_, i, sites[i], stitched_rows,
-                                          grad.dim_size(1), dims[table_index_[i]],
-                                          grad.flat<T>().data(), &grads[i]));
+        TF_RETURN_IF_ERROR(attrs.stitch.Place(op, layout, i, sites[i], stitched_rows_,
+                                              grad.dim_size(1), dims[attrs.table_index[i]],
+                                              grad.flat<T>().data(), &grads[i]));
       }
     } else {
       OpInputList grad_list, ids;
-      OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grad_list));
-      OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
-      OP_REQUIRES(ctx, grad_list[0].dims() >= 2,
-                  errors::InvalidArgument(kOpName, ": grads must have rank >= 2 [..., dim]; got ",
-                                          grad_list[0].shape().DebugString()));
+      TF_RETURN_IF_ERROR(ctx->input_list("grads", &grad_list));
+      TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
+      if (grad_list[0].dims() < 2) {
+        return errors::InvalidArgument(op, ": grads must have rank >= 2 [..., dim]; got ",
+                                       grad_list[0].shape().DebugString());
+      }
       const int64_t d = grad_list[0].dim_size(grad_list[0].dims() - 1);
       dims = {d};
       for (int i = 0; i < num_sites; ++i) {
         const TensorShape expected = OutputShape(sites[i], ids[i], d);
-        OP_REQUIRES(ctx, grad_list[i].shape() == expected,
-                    errors::InvalidArgument(kOpName, ": the gradient of ", layout_.Feature(i),
-                                            " must have its lookup output's shape ",
-                                            expected.DebugString(), "; got ",
-                                            grad_list[i].shape().DebugString()));
+        if (grad_list[i].shape() != expected) {
+          return errors::InvalidArgument(op, ": the gradient of ", layout.Feature(i),
+                                         " must have its lookup output's shape ",
+                                         expected.DebugString(), "; got ",
+                                         grad_list[i].shape().DebugString());
+        }
         grads[i] = {grad_list[i].flat<T>().data(), 1, d, d};
       }
     }
@@ -641,66 +659,65 @@ class PackedLookupGradOp : public OpKernel {
       pooled_ids += sites[i].n;
       if (sites[i].combiner != Combiner::kSum) scales_size += sites[i].num_segments;
     }
-    std::unique_ptr<T[]> scale_buffer(new T[scales_size]);
-    std::vector<const T*> scales(num_sites, nullptr);
-    std::vector<T*> site_scale(num_sites, nullptr);
-    T* next_scale = scale_buffer.get();
+    scale_buffer_.reset(new T[scales_size]);
+    std::vector<T*> scales(num_sites, nullptr);
+    T* next_scale = scale_buffer_.get();
     for (int i : pooled_sites) {
       if (sites[i].combiner == Combiner::kSum) continue;
-      scales[i] = site_scale[i] = next_scale;
+      scales[i] = next_scale;
       next_scale += sites[i].num_segments;
     }
     std::atomic<bool> bad_segment(false);
     RunWorkItems(ctx, pooled_sites.size(), pooled_ids >= kMinParallelEntries,
                  [&](int64_t k) {
                    const int i = pooled_sites[k];
-                   if (!SegmentScales(sites[i], site_scale[i])) bad_segment.store(true);
+                   if (!SegmentScales(sites[i], scales[i])) bad_segment.store(true);
                  });
-    OP_REQUIRES(ctx, !bad_segment.load(), FirstBadSegment(kOpName, layout_, sites));
+    if (bad_segment.load()) return FirstBadSegment(op, layout, sites);
 
     // Each table's entries grouped by row; its sites numbered within the table.
-    std::vector<TableGrad> tables(num_tables);
-    OpOutputList unique_list, grads_list;
-    OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
-    OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
-    for (int t = 0; t < num_tables; ++t) {
-      TableGrad& table = tables[t];
-      for (int i : by_table_.sites[t]) {
+    tables_ = std::vector<TableGrad>(attrs.num_rows.size());
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      TableGrad& table = tables_[t];
+      for (int i : attrs.by_table.sites[t]) {
         table.sites.push_back(sites[i]);
         table.grads.push_back(grads[i]);
         table.scales.push_back(scales[i]);
       }
       table.d = dims[t];
-      OP_REQUIRES_OK(ctx, GroupByRow(ctx, kOpName, by_table_.layouts[t], table.sites, &table.groups));
-      Tensor *unique_rows, *row_grads;
-      OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({table.groups.num_unique}),
-                                               &unique_rows));
-      OP_REQUIRES_OK(ctx, grads_list.allocate(t, TensorShape({table.groups.num_unique, table.d}),
-                                              &row_grads));
-      int64_t* rows = unique_rows->flat<int64_t>().data();
-      for (const auto& c : table.groups.clusters) {
-        std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
-      }
-      table.out = row_grads->flat<T>().data();
+      TF_RETURN_IF_ERROR(GroupByRow(ctx, op, attrs.by_table.layouts[t], table.sites, &table.groups));
     }
+    return OkStatus();
+  }
 
+  int num_tables() const { return static_cast<int>(tables_.size()); }
+  const RowClusters& groups(int t) const { return tables_[t].groups; }
+  int64_t dim(int t) const { return tables_[t].d; }
+
+  // Writes table t's gradient rows to out[t] ([groups(t).num_unique, dim(t)], in the
+  // order of its clusters' rows). done(t, rows, n, grads) receives each run of n
+  // finished rows as soon as it is summed, while it is in cache: from several threads
+  // at once, for disjoint rows.
+  template <typename Done>
+  void Run(OpKernelContext* ctx, const std::vector<T*>& out, const Done& done) {
+    for (int t = 0; t < num_tables(); ++t) tables_[t].out = out[t];
     // Items: whole clusters, except that a cluster costing more than an item's share
     // is split by ranges of its unique rows (each item then scans all its entries).
     // Stitched one-site unpooled clusters (the usual one-hot features) are grouped
     // instead into bands of neighbouring columns, one item each (SumBand).
     auto cluster_bytes = [&](int t, int k) {
-      const RowClusters::Cluster& c = tables[t].groups.clusters[k];
-      return (c.num_entries() + c.num_unique()) * std::max<int64_t>(1, tables[t].d * sizeof(T));
+      const RowClusters::Cluster& c = tables_[t].groups.clusters[k];
+      return (c.num_entries() + c.num_unique()) * std::max<int64_t>(1, tables_[t].d * sizeof(T));
     };
     int64_t total_bytes = 0, band_bytes = 0;
     std::vector<std::pair<int, int>> band_clusters;  // (table, cluster)
-    std::vector<std::vector<bool>> banded(num_tables);
-    for (int t = 0; t < num_tables; ++t) {
-      banded[t].resize(tables[t].groups.clusters.size());
-      for (int k = 0; k < static_cast<int>(tables[t].groups.clusters.size()); ++k) {
+    std::vector<std::vector<bool>> banded(num_tables());
+    for (int t = 0; t < num_tables(); ++t) {
+      banded[t].resize(tables_[t].groups.clusters.size());
+      for (int k = 0; k < static_cast<int>(tables_[t].groups.clusters.size()); ++k) {
         total_bytes += cluster_bytes(t, k);
-        const RowClusters::Cluster& c = tables[t].groups.clusters[k];
-        if (kStitched && c.sites.size() == 1 && !tables[t].sites[c.sites[0]].pooled &&
+        const RowClusters::Cluster& c = tables_[t].groups.clusters[k];
+        if (kStitched && c.sites.size() == 1 && !tables_[t].sites[c.sites[0]].pooled &&
             c.num_entries() > 0) {
           band_clusters.push_back({t, k});
           band_bytes += cluster_bytes(t, k);
@@ -710,7 +727,7 @@ class PackedLookupGradOp : public OpKernel {
     }
     const int64_t target = TargetItemBytes(ctx, total_bytes);
     auto column_of = [&](const std::pair<int, int>& tk) {
-      const TableGrad& table = tables[tk.first];
+      const TableGrad& table = tables_[tk.first];
       const RowClusters::Cluster& c = table.groups.clusters[tk.second];
       const int i = c.sites[0];
       return GradColumn<T>{c.inverse.get(), table.sites[i].weights, table.grads[i],
@@ -720,23 +737,27 @@ class PackedLookupGradOp : public OpKernel {
       return column_of(a).grad.base < column_of(b).grad.base;
     });
     std::vector<std::vector<GradColumn<T>>> bands;
+    std::vector<std::vector<std::pair<int, int>>> band_members;
     const int64_t num_bands = std::clamp<int64_t>(band_bytes / target, 1, 2 * NumThreads(ctx));
-    int64_t done = 0;
+    int64_t done_bytes = 0;
     for (const auto& tk : band_clusters) {
-      if (bands.empty() || done >= band_bytes * static_cast<int64_t>(bands.size()) / num_bands) {
+      if (bands.empty() ||
+          done_bytes >= band_bytes * static_cast<int64_t>(bands.size()) / num_bands) {
         bands.emplace_back();
+        band_members.emplace_back();
       }
       bands.back().push_back(column_of(tk));
-      done += cluster_bytes(tk.first, tk.second);
+      band_members.back().push_back(tk);
+      done_bytes += cluster_bytes(tk.first, tk.second);
     }
     struct ClusterItem {
       int table, cluster;
       int64_t begin, end, bytes;
     };
     std::vector<ClusterItem> items;
-    for (int t = 0; t < num_tables; ++t) {
-      for (int k = 0; k < static_cast<int>(tables[t].groups.clusters.size()); ++k) {
-        const RowClusters::Cluster& c = tables[t].groups.clusters[k];
+    for (int t = 0; t < num_tables(); ++t) {
+      for (int k = 0; k < static_cast<int>(tables_[t].groups.clusters.size()); ++k) {
+        const RowClusters::Cluster& c = tables_[t].groups.clusters[k];
         if (banded[t][k]) continue;
         const int64_t u = c.num_unique();
         const int64_t pieces = std::clamp<int64_t>(cluster_bytes(t, k) / target, 1, NumThreads(ctx));
@@ -748,21 +769,30 @@ class PackedLookupGradOp : public OpKernel {
     // Costliest first, so that the last items to be claimed are small ones.
     std::stable_sort(items.begin(), items.end(),
                      [](const ClusterItem& a, const ClusterItem& b) { return a.bytes > b.bytes; });
+    auto finished = [&](int t, int k, int64_t begin, int64_t end) {
+      const TableGrad& table = tables_[t];
+      const RowClusters::Cluster& c = table.groups.clusters[k];
+      done(t, c.rows.data() + begin, end - begin, table.out + (c.unique_begin + begin) * table.d);
+    };
     const int64_t num_band_items = bands.size();
     RunWorkItems(ctx, num_band_items + items.size(), total_bytes >= kMinParallelBytes,
                  [&](int64_t k) {
                    if (k < num_band_items) {
-                     SumBand(bands[k], stitched_rows);
+                     SumBand(bands[k], stitched_rows_);
+                     for (const auto& [t, cluster] : band_members[k]) {
+                       finished(t, cluster, 0, tables_[t].groups.clusters[cluster].num_unique());
+                     }
                      return;
                    }
                    const ClusterItem& item = items[k - num_band_items];
-                   const TableGrad& table = tables[item.table];
+                   const TableGrad& table = tables_[item.table];
                    DispatchDim(table.d, [&](auto dim) {
                      SumContributions<decltype(dim)::value>(
                          table.sites, table.grads, table.scales,
                          table.groups.clusters[item.cluster], item.begin, item.end, table.d,
                          table.out);
                    });
+                   finished(item.table, item.cluster, item.begin, item.end);
                  });
   }
 
@@ -777,11 +807,83 @@ class PackedLookupGradOp : public OpKernel {
     int64_t d = 0;
   };
 
-  static constexpr const char* kOpName = kStitched ? kStitchedGradOp : kGradOp;
-  PackedLayout layout_;
-  StitchLayout stitch_;
-  std::vector<int64_t> table_index_, dims_, num_rows_;
-  TableSites by_table_;
+  std::vector<TableGrad> tables_;
+  std::unique_ptr<T[]> scale_buffer_;
+  int64_t stitched_rows_ = 0;
+};
+
+// PicassoPackedLookupGrad (kStitched false) and PicassoStitchedLookupGrad (true): per
+// table, its ascending unique rows and their gradient rows.
+template <typename T, typename Tid, bool kStitched>
+class PackedLookupGradOp : public OpKernel {
+ public:
+  explicit PackedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    LookupGradients<T, Tid, kStitched> gradients;
+    OP_REQUIRES_OK(ctx, gradients.Prepare(ctx, attrs_));
+    OpOutputList unique_list, grads_list;
+    OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
+    OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
+    std::vector<T*> out(gradients.num_tables());
+    for (int t = 0; t < gradients.num_tables(); ++t) {
+      const RowClusters& groups = gradients.groups(t);
+      Tensor *unique_rows, *row_grads;
+      OP_REQUIRES_OK(ctx, unique_list.allocate(t, TensorShape({groups.num_unique}), &unique_rows));
+      OP_REQUIRES_OK(ctx, grads_list.allocate(t, TensorShape({groups.num_unique, gradients.dim(t)}),
+                                              &row_grads));
+      int64_t* rows = unique_rows->flat<int64_t>().data();
+      for (const auto& c : groups.clusters) {
+        std::copy(c.rows.begin(), c.rows.end(), rows + c.unique_begin);
+      }
+      out[t] = row_grads->flat<T>().data();
+    }
+    gradients.Run(ctx, out, [](int, const int64_t*, int64_t, const T*) {});
+  }
+
+ private:
+  LookupGradAttrs<kStitched> attrs_;
+};
+
+// PicassoStitchedLookupGrad with each table's gradient rows handed to an optimizer's
+// in-place update (picasso::InPlaceUpdates) as soon as they are summed, while they are
+// in cache, instead of being returned.
+template <typename T, typename Tid>
+class StitchedLookupGradApplyOp : public OpKernel {
+ public:
+  explicit StitchedLookupGradApplyOp(OpKernelConstruction* c) : OpKernel(c), updates_(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    typename picasso::InPlaceUpdates<T>::Locked vars;
+    OP_REQUIRES_OK(ctx, vars.Lock(ctx, updates_));
+    for (size_t t = 0; t < attrs_.num_rows.size(); ++t) {
+      const TensorShape expected({attrs_.num_rows[t], attrs_.dims[t]});
+      OP_REQUIRES(ctx, vars.tensors()[t].shape() == expected,
+                  errors::InvalidArgument(attrs_.op, ": table ", t, " has shape ",
+                                          vars.tensors()[t].shape().DebugString(), "; expected ",
+                                          expected.DebugString()));
+    }
+    LookupGradients<T, Tid, true> gradients;
+    OP_REQUIRES_OK(ctx, gradients.Prepare(ctx, attrs_));
+    std::vector<Tensor> buffers(gradients.num_tables());
+    std::vector<T*> out(gradients.num_tables());
+    for (int t = 0; t < gradients.num_tables(); ++t) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::v(),
+                                             TensorShape({gradients.groups(t).num_unique,
+                                                          gradients.dim(t)}),
+                                             &buffers[t]));
+      out[t] = buffers[t].flat<T>().data();
+    }
+    OP_REQUIRES_OK(ctx, vars.Run(ctx, [&](const auto& apply) { gradients.Run(ctx, out, apply); }));
+  }
+
+ private:
+  LookupGradAttrs<true> attrs_;
+  picasso::InPlaceUpdates<T> updates_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -980,13 +1082,55 @@ from the gradient of its output, whose columns hold the sites' gradients, read i
 place. Per table, like PicassoPackedLookupGrad: ascending unique rows, summed rows.
 )doc");
 
+REGISTER_OP("PicassoStitchedLookupGradApply")
+    .Input("grad: T")
+    .Input("vars: G * resource")
+    .Input("slots: num_table_slots * resource")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("hyper: num_hyper * T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("table_index: list(int)")
+    .Attr("num_rows: list(int)")
+    .Attr("dims: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("row_blocks: list(int)")
+    .Attr("offsets: list(int)")
+    .Attr("vocab_sizes: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("feature_names: list(string)")
+    .Attr("optimizer: {'sgd', 'adagrad', 'ftrl', 'adam', 'rmsprop'}")
+    .Attr("num_slots: int >= 0")
+    .Attr("num_table_slots: int >= 0")
+    .Attr("num_hyper: int >= 0")
+    .Attr("hyper_names: list(string)")
+    .Attr("nesterov: bool = false")
+    .Attr("amsgrad: bool = false")
+    .Attr("centered: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+PicassoStitchedLookupGrad with the tables' gradients applied in place by an
+optimizer (sparse_updates.h) instead of returned: vars are the G tables' variables
+[num_rows[t], dims[t]], slots their optimizer slots table by table (num_slots each,
+in the order the PicassoSparseApply op of `optimizer` takes them), hyper that op's
+scalar inputs in the order of hyper_names. Only the rows with a gradient are updated.
+)doc");
+
 #define REGISTER_PACKED_LOOKUP(T, Tid)                                                   \
   PICASSO_REGISTER_CPU_KERNEL("PicassoPackedLookup", T, Tid, PackedLookupOp<T, Tid>);     \
   PICASSO_REGISTER_CPU_KERNEL("PicassoPackedLookupGrad", T, Tid,                          \
                               PackedLookupGradOp<T, Tid, false>);                         \
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookup", T, Tid, StitchedLookupOp<T, Tid>); \
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookupGrad", T, Tid,                        \
-                              PackedLookupGradOp<T, Tid, true>);
+                              PackedLookupGradOp<T, Tid, true>);                          \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookupGradApply", T, Tid,                   \
+                              StitchedLookupGradApplyOp<T, Tid>);
 REGISTER_PACKED_LOOKUP(float, int32_t)
 REGISTER_PACKED_LOOKUP(float, int64_t)
 REGISTER_PACKED_LOOKUP(double, int32_t)

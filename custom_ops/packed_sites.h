@@ -31,6 +31,7 @@ using ::picasso::CopyRow;
 using ::picasso::DispatchDim;
 using ::picasso::DotRow;
 using ::picasso::PrefetchBytes;
+using ::picasso::PrefetchDistance;
 using ::picasso::RunWorkItems;
 using ::picasso::ScaleRow;
 using shape_inference::DimensionHandle;
@@ -56,15 +57,8 @@ constexpr int64_t kDenseMinRows = 1 << 16;
 // kItemsPerThread items per thread, enough to even out uneven items.
 constexpr int64_t kMinItemBytes = 32 << 10;
 constexpr int64_t kItemsPerThread = 8;
-// The row loops prefetch rows about kPrefetchBytes ahead, but 8 to 32 rows (measured
-// on AMD EPYC, widths 8 to 64 floats).
-constexpr int64_t kPrefetchBytes = 2048;
 // Stitched tensors are walked in blocks of rows spanning about this many bytes.
 constexpr int64_t kBlockBytes = 256 << 10;
-
-constexpr int64_t PrefetchDistance(int64_t row_bytes) {
-  return std::clamp<int64_t>(kPrefetchBytes / std::max<int64_t>(row_bytes, 1), 8, 32);
-}
 
 enum class Combiner { kNone, kSum, kMean, kSqrtN };
 constexpr const char* kCombinerNames[] = {"none", "sum", "mean", "sqrtn"};

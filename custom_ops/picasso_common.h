@@ -128,6 +128,12 @@ inline void PrefetchBytes(const void* p, int64_t bytes) {
   }
 }
 
+// How many rows ahead the row loops prefetch: about 2 KB, but 8 to 32 rows (measured
+// on AMD EPYC, widths 8 to 64 floats).
+constexpr int64_t PrefetchDistance(int64_t row_bytes) {
+  return std::clamp<int64_t>(2048 / std::max<int64_t>(row_bytes, 1), 8, 32);
+}
+
 }  // namespace picasso
 
 #endif  // PICASSO_TF_CUSTOM_OPS_PICASSO_COMMON_H_

@@ -33,6 +33,7 @@
 #include <variant>
 #include <vector>
 
+#include "picasso_common.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
@@ -524,6 +525,103 @@ class LockedVariables {
   std::vector<std::unique_ptr<mutex_lock>> locks_;  // released before vars_
 };
 
+// The tables that a gradient kernel updates in place instead of returning their
+// gradients: the op's G "vars", their optimizer slots "slots" (num_slots per table,
+// table by table, in the order the PicassoSparseApply op of `optimizer` takes them)
+// and that op's scalar inputs as "hyper", named by hyper_names. Only rows with a
+// gradient are updated (the lazy form, which is Keras' own for Adagrad and
+// momentum-free SGD).
+template <typename T>
+class InPlaceUpdates {
+ public:
+  explicit InPlaceUpdates(OpKernelConstruction* c) : update_(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &num_slots_));
+    OP_REQUIRES_OK(c, c->GetAttr("hyper_names", &hyper_names_));
+    int num_table_slots;
+    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_table_slots", &num_table_slots));
+    OP_REQUIRES(c, num_table_slots == num_tables_ * num_slots_,
+                errors::InvalidArgument(c->def().op(), ": ", num_tables_, " tables with ",
+                                        num_slots_, " slots each need ", num_tables_ * num_slots_,
+                                        " slot variables; got ", num_table_slots));
+  }
+
+  // One call's variables, locked (for as long as it lives) and checked.
+  class Locked {
+   public:
+    Status Lock(OpKernelContext* ctx, const InPlaceUpdates& updates) {
+      updates_ = &updates;
+      int vars_begin, vars_end, slots_begin, slots_end;
+      TF_RETURN_IF_ERROR(ctx->op_kernel().InputRange("vars", &vars_begin, &vars_end));
+      TF_RETURN_IF_ERROR(ctx->op_kernel().InputRange("slots", &slots_begin, &slots_end));
+      std::vector<int> inputs;
+      for (int i = vars_begin; i < vars_end; ++i) inputs.push_back(i);
+      for (int i = slots_begin; i < slots_end; ++i) inputs.push_back(i);
+      TF_RETURN_IF_ERROR(locked_.Lock(ctx, inputs, DataTypeToEnum<T>::v()));
+      TF_RETURN_IF_ERROR(locked_.Tensors<T>(ctx, &vars_));
+      const int num_tables = updates.num_tables_, num_slots = updates.num_slots_;
+      for (int t = 0; t < num_tables; ++t) {
+        for (int k = 0; k < num_slots; ++k) {
+          const Tensor& slot = vars_[num_tables + t * num_slots + k];
+          if (slot.shape() != vars_[t].shape()) {
+            return errors::InvalidArgument(ctx->op_kernel().type_string(), ": slot ", k,
+                                           " of table ", t, " has shape ",
+                                           slot.shape().DebugString(), ", the table ",
+                                           vars_[t].shape().DebugString());
+          }
+        }
+      }
+      return OkStatus();
+    }
+
+    // The tables' values (then their slots').
+    const std::vector<Tensor>& tensors() const { return vars_; }
+
+    // Calls fn(apply) with this call's update, where apply(t, rows, n, grads) updates
+    // rows rows[0..n) of table t from their gradient rows grads [n, d]. Calls for
+    // disjoint rows may run at once.
+    template <typename Fn>
+    Status Run(OpKernelContext* ctx, const Fn& fn) {
+      const int num_tables = updates_->num_tables_, num_slots = updates_->num_slots_;
+      ScalarInputs<T> scalars(ctx, updates_->hyper_names_, "hyper");
+      const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
+      return updates_->update_.With(scalars, [&](const auto& update) {
+        fn([&](int t, const int64_t* rows, int64_t n, const T* grads) {
+          const int64_t d = vars_[t].dim_size(1);
+          T* table = vars_[t].flat<T>().data();
+          T* slot_tables[kMaxSlots] = {};
+          for (int k = 0; k < num_slots; ++k) {
+            slot_tables[k] = vars_[num_tables + t * num_slots + k].flat<T>().data();
+          }
+          // The rows are scattered over the tables: prefetch their slots' rows ahead.
+          const int64_t ahead = ::picasso::PrefetchDistance(d * sizeof(T));
+          T* slots[kMaxSlots] = {};
+          for (int64_t u = 0; u < n; ++u) {
+            if (u + ahead < n) {
+              ::picasso::PrefetchBytes(table + rows[u + ahead] * d, d * sizeof(T));
+              for (int k = 0; k < num_slots; ++k) {
+                ::picasso::PrefetchBytes(slot_tables[k] + rows[u + ahead] * d, d * sizeof(T));
+              }
+            }
+            for (int k = 0; k < num_slots; ++k) slots[k] = slot_tables[k] + rows[u] * d;
+            UpdateRow<true>(update, table + rows[u] * d, slots, grads + u * d, d, weight_decay,
+                            lr);
+          }
+        });
+      });
+    }
+
+   private:
+    const InPlaceUpdates* updates_ = nullptr;
+    LockedVariables locked_;
+    std::vector<Tensor> vars_;  // the tables, then table-major slots
+  };
+
+ private:
+  AnyUpdate<T> update_;
+  int num_tables_ = 0, num_slots_ = 0;
+  std::vector<std::string> hyper_names_;
+};
 
 }  // namespace picasso
 }  // namespace tensorflow

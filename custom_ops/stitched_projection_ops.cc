@@ -959,76 +959,28 @@ class StitchedProjectionGradOp : public OpKernel {
 template <typename T, typename Tid>
 class StitchedProjectionGradApplyOp : public OpKernel {
  public:
-  explicit StitchedProjectionGradApplyOp(OpKernelConstruction* c) : OpKernel(c), update_(c) {
+  explicit StitchedProjectionGradApplyOp(OpKernelConstruction* c) : OpKernel(c), updates_(c) {
     OP_REQUIRES_OK(c, attrs_.Init(c, kProjectionGradApplyOp));
-    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &num_slots_));
-    OP_REQUIRES_OK(c, c->GetAttr("hyper_names", &hyper_names_));
-    int num_tables, num_table_slots;
-    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables));
-    OP_REQUIRES_OK(c, c->GetAttr("num_table_slots", &num_table_slots));
-    OP_REQUIRES(c, num_table_slots == num_tables * num_slots_,
-                errors::InvalidArgument(kProjectionGradApplyOp, ": ", num_tables, " tables with ",
-                                        num_slots_, " slots each need ", num_tables * num_slots_,
-                                        " slot variables; got ", num_table_slots));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    int vars_begin, vars_end, slots_begin, slots_end;
-    OP_REQUIRES_OK(ctx, InputRange("vars", &vars_begin, &vars_end));
-    OP_REQUIRES_OK(ctx, InputRange("slots", &slots_begin, &slots_end));
-    std::vector<int> inputs;
-    for (int i = vars_begin; i < vars_end; ++i) inputs.push_back(i);
-    for (int i = slots_begin; i < slots_end; ++i) inputs.push_back(i);
-    picasso::LockedVariables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, inputs, DataTypeToEnum<T>::v()));
-    std::vector<Tensor> vars;  // the tables, then table-major slots
-    OP_REQUIRES_OK(ctx, locked.Tensors<T>(ctx, &vars));
-    const int num_tables = vars_end - vars_begin;
-    for (int t = 0; t < num_tables; ++t) {
-      for (int k = 0; k < num_slots_; ++k) {
-        const Tensor& slot = vars[num_tables + t * num_slots_ + k];
-        OP_REQUIRES(ctx, slot.shape() == vars[t].shape(),
-                    errors::InvalidArgument(kProjectionGradApplyOp, ": slot ", k, " of table ",
-                                            t, " has shape ", slot.shape().DebugString(),
-                                            ", the table ", vars[t].shape().DebugString()));
-      }
-    }
+    typename picasso::InPlaceUpdates<T>::Locked vars;
+    OP_REQUIRES_OK(ctx, vars.Lock(ctx, updates_));
     const Tensor& dy = ctx->input(0);
     OP_REQUIRES_OK(ctx, CheckUpstream(kProjectionGradApplyOp, dy, ctx->input(1)));
     GroupedProjection<T, Tid> gradient;
-    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradApplyOp, attrs_, vars,
+    OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradApplyOp, attrs_, vars.tensors(),
                                          ctx->input(1), dy.dim_size(0)));
-
-    picasso::ScalarInputs<T> scalars(ctx, hyper_names_, "hyper");
-    const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
-    OP_REQUIRES_OK(ctx, update_.With(scalars, [&](const auto& update) {
+    OP_REQUIRES_OK(ctx, vars.Run(ctx, [&](const auto& apply) {
       gradient.Run(
           ctx, dy.flat<T>().data(),
           [&](int t, const RowClusters::Cluster& c) {
             thread_local std::vector<T> buffer;
-            buffer.resize(c.num_unique() * vars[t].dim_size(1));
+            buffer.resize(c.num_unique() * vars.tensors()[t].dim_size(1));
             return buffer.data();
           },
           [&](int t, const RowClusters::Cluster& c, const T* grads) {
-            const int64_t d = vars[t].dim_size(1);
-            T* table = vars[t].flat<T>().data();
-            T* slot_tables[picasso::kMaxSlots] = {};
-            for (int k = 0; k < num_slots_; ++k) {
-              slot_tables[k] = vars[num_tables + t * num_slots_ + k].flat<T>().data();
-            }
-            const int64_t ahead = PrefetchDistance(d * sizeof(T));
-            T* slots[picasso::kMaxSlots] = {};
-            for (int64_t u = 0; u < c.num_unique(); ++u) {
-              if (u + ahead < c.num_unique()) {
-                for (int k = 0; k < num_slots_; ++k) {
-                  PrefetchBytes(slot_tables[k] + c.rows[u + ahead] * d, d * sizeof(T));
-                }
-              }
-              const int64_t row = c.rows[u];
-              for (int k = 0; k < num_slots_; ++k) slots[k] = slot_tables[k] + row * d;
-              picasso::UpdateRow<true>(update, table + row * d, slots, grads + u * d, d,
-                                       weight_decay, lr);
-            }
+            apply(t, c.rows.data(), c.num_unique(), grads);
           });
     }));
     OP_REQUIRES_OK(ctx, gradient.KernelGrad(ctx));
@@ -1036,9 +988,7 @@ class StitchedProjectionGradApplyOp : public OpKernel {
 
  private:
   ProjectionAttrs attrs_;
-  picasso::AnyUpdate<T> update_;
-  int num_slots_ = 0;
-  std::vector<std::string> hyper_names_;
+  picasso::InPlaceUpdates<T> updates_;
 };
 
 Status ProjectionShape(InferenceContext* c) {

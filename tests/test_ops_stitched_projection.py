@@ -1,16 +1,14 @@
 """Stitched projections (PicassoStitchedProjection and its gradient): the product of a
 stitched lookup with a narrow kernel (per entry) or a wide one (per unique row),
-against the unfused stitched lookup and MatMul; and the gradient applied to the
-tables inside its kernel, against the gradient then the sparse update."""
+against the unfused stitched lookup and MatMul. The gradient that updates the tables
+itself: test_ops_in_gradient.py."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from picasso_tf.ops import sparse_apply
 from picasso_tf.ops.library import load
 from picasso_tf.ops.stitched_lookup import stitched_lookup
-from picasso_tf.ops.stitched_projection import FixedTableUpdates, stitched_projection, update_tables_in_gradient
-from test_ops_sparse_apply import FTRL_HP, HP, _adam_hp, _rms_hp
+from picasso_tf.ops.stitched_projection import stitched_projection
 from test_ops_stitched_lookup import SPECS as LOOKUP_SPECS, make_stitch
 
 # The stitched lookup's sites without their weights (a projection takes none): one-hot,
@@ -124,84 +122,3 @@ def test_bad_ids_weights_and_kernels_are_named():
             tables=tables, ids=[s["ids"] for s in sites], segment_ids=[np.zeros(0, np.int64)] * 2,
             weights=[np.ones(len(sites[0]["ids"]), np.float32), np.zeros(0, np.float32)],
             num_segments=[np.int64(0)] * 2, kernel=kernel, **site_kwargs(kwargs))
-
-
-# -- the gradient applied inside the kernel (PicassoStitchedProjectionGradApply) ----------
-
-# name -> (slots per table, the update of a table from its slot variables)
-IN_KERNEL_UPDATES = {
-    "sgd": (0, lambda s: sparse_apply.sgd_update(lr=HP["lr"])),
-    "sgd_nesterov": (1, lambda s: sparse_apply.sgd_update(lr=HP["lr"], momentum_slot=s[0],
-                                                          momentum=HP["momentum"], nesterov=True)),
-    "adagrad_weight_decay": (1, lambda s: sparse_apply.adagrad_update(s[0], lr=HP["lr"], epsilon=HP["epsilon"],
-                                                                      weight_decay=0.01)),
-    "ftrl": (2, lambda s: sparse_apply.ftrl_update(*s, **FTRL_HP)),
-    "amsgrad": (3, lambda s: sparse_apply.adam_update(s[0], s[1], vhat=s[2], **_adam_hp(tf.float32))),
-    "rmsprop_centered_momentum": (3, lambda s: sparse_apply.rmsprop_update(
-        s[0], average_gradient=s[1], momentum_slot=s[2], momentum=HP["momentum"], **_rms_hp())),
-}
-
-
-def _train_step(tables, slots, sites, kernel, upstream, kwargs, make_update, in_kernel):
-    """One step of the projection's tables and slots (variables made from the arrays),
-    the update applied inside the gradient kernel or after it (lazy: the rows with a
-    gradient). Returns the kernel gradient and every variable's new value."""
-    table_vars = [tf.Variable(t) for t in tables]
-    slot_vars = [[tf.Variable(s) for s in per_table] for per_table in slots]
-    updates = [make_update(s) for s in slot_vars]
-
-    @tf.function
-    def step():
-        values = [v.read_value() for v in table_vars]
-        loss = tf.reduce_sum(project(values, sites, kernel, kwargs) * upstream)
-        if in_kernel:
-            hook = FixedTableUpdates(zip(table_vars, updates))
-            with update_tables_in_gradient(hook):
-                *table_grads, kernel_grad = tf.gradients(loss, values + [kernel])
-            assert table_grads == [None] * len(values), "the tables get no gradient of their own"
-            ops = hook.ops
-        else:
-            *grads, kernel_grad = tf.gradients(loss, values + [kernel])
-            ops = [sparse_apply.apply(v, g.indices, g.values, u, lazy=True)
-                   for v, g, u in zip(table_vars, grads, updates)]
-        with tf.control_dependencies(ops):
-            return tf.identity(kernel_grad)
-
-    kernel_grad = step().numpy()
-    return [kernel_grad] + [v.numpy() for v in table_vars + [s for per in slot_vars for s in per]]
-
-
-@pytest.mark.parametrize("units", [2, 20])   # a narrow projection, a wide one
-@pytest.mark.parametrize("case", sorted(IN_KERNEL_UPDATES))
-def test_gradient_applied_inside_the_kernel_equals_the_gradient_then_the_update(case, units):
-    """Bit for bit, for every optimizer form it serves: 3 tables (one of width 5, which
-    takes the kernel's generic row path), one-hot, sequence and pooled sites, 3000 rows."""
-    rng = np.random.default_rng(11)
-    tables, sites, _, kwargs, _ = make_stitch(rng, 3000, SPECS, DENSE)
-    kernel = tf.constant(rng.normal(size=(kwargs["width"], units)).astype(np.float32))
-    upstream = tf.constant(rng.normal(size=(3000, units)).astype(np.float32))
-    num_slots, make_update = IN_KERNEL_UPDATES[case]
-    slots = [[rng.uniform(0.1, 1.0, size=t.shape).astype(np.float32) for _ in range(num_slots)] for t in tables]
-    args = (tables, slots, sites, kernel, upstream, kwargs, make_update)
-    fused, separate = _train_step(*args, in_kernel=True), _train_step(*args, in_kernel=False)
-    assert not np.array_equal(fused[1], tables[0]), "the tables were updated"
-    for k, (a, b) in enumerate(zip(fused, separate)):
-        np.testing.assert_array_equal(a, b, err_msg=f"output {k} (0: kernel gradient, then tables, slots)")
-
-
-def test_gradient_apply_errors_name_the_problem():
-    rng = np.random.default_rng(2)
-    tables, sites, _, kwargs, _ = make_stitch(rng, 50, SPECS, DENSE)
-    kernel = tf.constant(rng.normal(size=(kwargs["width"], 1)).astype(np.float32))
-    upstream = tf.ones([50, 1])
-    good = [[np.ones(t.shape, np.float32)] for t in tables]
-    no_epsilon = lambda s: sparse_apply.Update("adagrad", s, dict(lr=0.1, weight_decay=0.0))  # noqa: E731
-    with pytest.raises(tf.errors.InvalidArgumentError, match="no hyper-parameter named `epsilon`"):
-        _train_step(tables, good, sites, kernel, upstream, kwargs, no_epsilon, in_kernel=True)
-    adagrad = IN_KERNEL_UPDATES["adagrad_weight_decay"][1]
-    mixed = iter([adagrad, lambda s: sparse_apply.sgd_update(lr=0.1, momentum_slot=s[0], momentum=0.9)] * 2)
-    with pytest.raises(ValueError, match="one projection's tables need one update.*sgd"):
-        _train_step(tables, good, sites, kernel, upstream, kwargs, lambda s: next(mixed)(s), in_kernel=True)
-    short = [[np.ones((t.shape[0] - 1, t.shape[1]), np.float32)] for t in tables]
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"slot 0 of table 0 has shape \[399,4\]"):
-        _train_step(tables, short, sites, kernel, upstream, kwargs, adagrad, in_kernel=True)

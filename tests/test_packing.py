@@ -279,24 +279,29 @@ def test_a_concatenation_feeding_a_dense_gets_the_projection_and_trains_like_the
     baseline, projected, again = build(), picasso.optimize(build()), picasso.optimize(build())
     plain = picasso.optimize(build(), projection=False)
     separate = picasso.optimize(build(), apply_in_gradient=False)
+    plain_separate = picasso.optimize(build(), projection=False, apply_in_gradient=False)
     assert [(s["sites"], s["copied_inputs"], bool(s["projection"])) for s in stitches(projected)] == [(5, 1, True)]
     assert [bool(s["projection"]) for s in stitches(plain)] == [False]
     losses = {}
     models = (("baseline", baseline), ("projected", projected), ("again", again), ("plain", plain),
-              ("separate", separate))
+              ("separate", separate), ("plain_separate", plain_separate))
     for name, model in models:
         model.compile(optimizer=tf.keras.optimizers.Adagrad(0.2), loss="binary_crossentropy")
         losses[name] = [model.train_on_batch(x, y) for x, y in stitch_batches(20)]
-    # Adagrad changes only the rows with a gradient: the projection's gradient kernel
-    # updates every packed table itself, with the same result as a separate update.
-    assert sorted(projected.picasso.updated_in_gradient) == sorted(v.name for v in projected.packed_tables)
-    assert separate.picasso.updated_in_gradient == []
+    # Adagrad changes only the rows with a gradient: the projection's (or without it,
+    # the stitched lookup's) gradient kernel updates every packed table itself, with
+    # the same result as a separate update.
+    for model in (projected, plain):
+        assert sorted(model.picasso.updated_in_gradient) == sorted(v.name for v in model.packed_tables)
+    assert separate.picasso.updated_in_gradient == plain_separate.picasso.updated_in_gradient == []
     np.testing.assert_allclose(losses["projected"], losses["baseline"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(losses["plain"], losses["baseline"], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(losses["projected"], losses["again"])
     np.testing.assert_array_equal(losses["projected"], losses["separate"])
-    for a, b in zip(projected.weights, separate.weights):
-        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
+    np.testing.assert_array_equal(losses["plain"], losses["plain_separate"])
+    for in_kernel, apart in ((projected, separate), (plain, plain_separate)):
+        for a, b in zip(in_kernel.weights, apart.weights):
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
     projected.picasso.write_back()
     for b, o in zip(baseline.weights, projected.original.weights):
         np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)

@@ -10,10 +10,12 @@ lookups, e.g. dense features in the same concatenation) are copied to their colu
 
 The gradient reads each table's sites' columns of the output gradient in place (no
 split), giving every table a row-sparse ``tf.IndexedSlices``; dense inputs get their
-columns back.
+columns back. Inside ``in_gradient.update_tables_in_gradient`` it may instead apply an
+optimizer's update to the tables' rows in the same kernel.
 """
 import tensorflow as tf
 
+from picasso_tf.ops.in_gradient import apply_in_gradient, planned_updates
 from picasso_tf.ops.packed_lookup import (_ops, lookup_attrs, row_sparse_gradient, site_inputs,
                                           table_num_rows, weight_gradient)
 
@@ -59,20 +61,6 @@ def _stitched_lookup_gradient(op, grad):
     grad = tf.convert_to_tensor(grad)
     skip = set(getattr(op, "skip_input_indices", None) or ())
 
-    wanted = [t for t in range(g) if t not in skip and t in table_index]
-    table_grads = [None] * g
-    if wanted:
-        sites = [i for i in range(n) if table_index[i] in wanted]
-        pick = lambda values: [values[i] for i in sites]  # noqa: E731
-        unique_rows, row_grads = _ops().picasso_stitched_lookup_grad(
-            G=len(wanted), grad=grad, ids=pick(ids), segment_ids=pick(segment_ids), weights=pick(weights),
-            num_segments=pick(num_segments), table_index=[wanted.index(table_index[i]) for i in sites],
-            num_rows=[table_num_rows(tables[t], *_rows_of(t, table_index, attrs)) for t in wanted],
-            dims=[tables[t].shape[1] for t in wanted], columns=pick(columns),
-            row_blocks=pick(row_blocks), **{k: pick(v) for k, v in attrs.items()})
-        for t, rows, values in zip(wanted, unique_rows, row_grads):
-            table_grads[t] = row_sparse_gradient(tables[t], rows, values)
-
     def site_columns(tensor, i):
         d = tables[table_index[i]].shape[1]
         return tf.reshape(tensor[:, columns[i]:columns[i] + row_blocks[i] * d], [-1, d])
@@ -84,6 +72,29 @@ def _stitched_lookup_gradient(op, grad):
             tables[table_index[i]], site_columns(grad, i), site_columns(op.outputs[0], i),
             tf.reshape(ids[i], [-1]), segment_ids[i], weights[i], num_segments[i],
             attrs["offsets"][i], attrs["combiners"][i]))
+
+    wanted = [t for t in range(g) if t not in skip and t in table_index]
+    table_grads = [None] * g
+    if wanted:
+        sites = [i for i in range(n) if table_index[i] in wanted]
+        pick = lambda values: [values[i] for i in sites]  # noqa: E731
+        inputs = dict(
+            grad=grad, ids=pick(ids), segment_ids=pick(segment_ids), weights=pick(weights),
+            num_segments=pick(num_segments), table_index=[wanted.index(table_index[i]) for i in sites],
+            num_rows=[table_num_rows(tables[t], *_rows_of(t, table_index, attrs)) for t in wanted],
+            dims=[tables[t].shape[1] for t in wanted], columns=pick(columns),
+            row_blocks=pick(row_blocks), **{k: pick(v) for k, v in attrs.items()})
+        # The kernel may update the tables itself when it computes all their gradients
+        # and no weight's gradient reads their values after it.
+        in_kernel = (len(wanted) == g and all(w is None for w in weight_grads)
+                     and all(t.shape.is_fully_defined() for t in tables))
+        planned = planned_updates(tables) if in_kernel else None
+        if planned:
+            apply_in_gradient(_ops().picasso_stitched_lookup_grad_apply, planned, tables[0].dtype, **inputs)
+        else:
+            unique_rows, row_grads = _ops().picasso_stitched_lookup_grad(G=len(wanted), **inputs)
+            for t, rows, values in zip(wanted, unique_rows, row_grads):
+                table_grads[t] = row_sparse_gradient(tables[t], rows, values)
 
     rows = tf.shape(grad)[0]
     dense_grads = [tf.reshape(tf.slice(grad, [0, col], [-1, tf.size(x) // tf.maximum(rows, 1)]),

@@ -21,15 +21,14 @@ Sites are laid out as in ``stitched_lookup`` (``columns``, ``row_blocks``); colu
 that no site covers (dense inputs of the concatenation) contribute nothing here:
 the caller adds their products. Sites take no per-id weights.
 
-Inside ``update_tables_in_gradient`` the gradient can instead hand each table's rows
-to an optimizer's update in the same kernel (custom_ops/stitched_projection_ops.cc),
-while they are in cache: the training step uses it where that is the same update.
+Inside ``in_gradient.update_tables_in_gradient`` the gradient can instead hand each
+table's rows to an optimizer's update in the same kernel, while they are in cache
+(their values too, read for the kernel's gradient): the training step uses it where
+that is the same update.
 """
-import contextlib
-import threading
-
 import tensorflow as tf
 
+from picasso_tf.ops.in_gradient import apply_in_gradient, planned_updates
 from picasso_tf.ops.packed_lookup import _ops, lookup_attrs, row_sparse_gradient, site_inputs
 
 MAX_UNITS = 8   # kMaxProjectionUnits in the kernel: wider kernels go per unique row
@@ -52,42 +51,6 @@ def stitched_projection(tables, ids_list, segment_ids_list=None, num_segments_li
         combiners=list(combiners), feature_names=list(feature_names), name=name)
 
 
-_in_gradient = threading.local()
-
-
-@contextlib.contextmanager
-def update_tables_in_gradient(updates):
-    """While active, differentiating a stitched projection asks
-    ``updates.for_tables(tables)`` (the op's table inputs, the values it read) for a
-    list of (variable, ``sparse_apply.Update``), one per table, or None. Given one, the
-    gradient is PicassoStitchedProjectionGradApply: the tables' gradients are applied
-    to the variables inside the kernel that computes them (never returned: the tables
-    get no gradient), and ``updates.record(op, variables)`` receives the op. One kernel
-    runs one update: the Updates may differ only in their slot variables (the first's
-    hyper-parameters serve all). ``updates=None`` changes nothing."""
-    previous = getattr(_in_gradient, "updates", None)
-    _in_gradient.updates = updates
-    try:
-        yield
-    finally:
-        _in_gradient.updates = previous
-
-
-class FixedTableUpdates:
-    """An ``update_tables_in_gradient`` hook for a projection whose tables are known:
-    plans the given (variable, Update) pairs (one per table, in the op's order) and
-    keeps the ops in ``ops``."""
-
-    def __init__(self, planned):
-        self.planned, self.ops = list(planned), []
-
-    def for_tables(self, tables):
-        return self.planned
-
-    def record(self, op, variables):
-        self.ops.append(op)
-
-
 @tf.RegisterGradient("PicassoStitchedProjection")
 def _stitched_projection_gradient(op, grad):
     """The tables' row-sparse gradients and the kernel's; inside
@@ -101,21 +64,10 @@ def _stitched_projection_gradient(op, grad):
                   columns=op.get_attr("columns"), row_blocks=op.get_attr("row_blocks"),
                   **lookup_attrs(op))
     no_site_grads = [None] * (4 * n)
-    in_gradient = getattr(_in_gradient, "updates", None)
-    planned = in_gradient.for_tables(tables) if in_gradient is not None else None
+    planned = planned_updates(tables)
     if planned:
-        first = planned[0][1]
-        for variable, update in planned:
-            if (update.optimizer, update.attrs, len(update.slots)) != (first.optimizer, first.attrs, len(first.slots)):
-                raise ValueError(f"picasso_tf: one projection's tables need one update; {variable.name} has "
-                                 f"{update.optimizer} {update.attrs} with {len(update.slots)} slots, the first "
-                                 f"table {first.optimizer} {first.attrs} with {len(first.slots)}")
-        hyper = first.hyper_tensors(tables[0].dtype)
-        kernel_grad = _ops().picasso_stitched_projection_grad_apply(
-            vars=[v.handle for v, _ in planned], slots=[s.handle for _, u in planned for s in u.slots],
-            hyper=list(hyper.values()), hyper_names=list(hyper), optimizer=first.optimizer,
-            num_slots=len(first.slots), **first.attrs, **inputs)
-        in_gradient.record(kernel_grad.op, [v for v, _ in planned])
+        kernel_grad = apply_in_gradient(_ops().picasso_stitched_projection_grad_apply, planned,
+                                        tables[0].dtype, **inputs)
         return [None] * g + no_site_grads + [kernel_grad]
     unique_rows, row_grads, kernel_grad = _ops().picasso_stitched_projection_grad(tables=tables, **inputs)
     return ([row_sparse_gradient(t, rows, values) for t, rows, values in zip(tables, unique_rows, row_grads)]

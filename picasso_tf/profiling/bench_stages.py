@@ -45,8 +45,8 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
                 learning_rate=0.01, epsilon=1e-7):
     """{stage: {"ms": median, "q1", "q3"}} plus "unique_rows" and "groups"."""
     from picasso_tf.ops import sparse_apply
-    from picasso_tf.ops.stitched_projection import (FixedTableUpdates, stitched_projection,
-                                                    update_tables_in_gradient)
+    from picasso_tf.ops.in_gradient import FixedTableUpdates, update_tables_in_gradient
+    from picasso_tf.ops.stitched_projection import stitched_projection
 
     fields = list(schema.categorical)
     dims = [f.embedding_dim for f in fields]

@@ -42,7 +42,7 @@ class FusedTableUpdate:
 
 class InGradientUpdates:
     """The packed tables that one trace of a training step updates inside their fused
-    gradient kernels (picasso_tf.ops.stitched_projection.update_tables_in_gradient),
+    gradient kernels (picasso_tf.ops.in_gradient.update_tables_in_gradient),
     and the ops that do it.
 
     A kernel may update its tables when each is a packed table whose only read in the

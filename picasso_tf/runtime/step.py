@@ -8,7 +8,7 @@ table is a bug and stops the trace instead of silently densifying the table.
 import tensorflow as tf
 
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
-from picasso_tf.ops.stitched_projection import update_tables_in_gradient
+from picasso_tf.ops.in_gradient import update_tables_in_gradient
 from picasso_tf.runtime.fused_update import InGradientUpdates
 
 

@@ -1,0 +1,132 @@
+"""Tables updated inside their gradient kernels (PicassoStitchedProjectionGradApply,
+PicassoStitchedLookupGradApply): bit for bit the gradient then the sparse update, for
+every optimizer form they serve; and the cases that must fall back or fail."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from picasso_tf.ops import sparse_apply
+from picasso_tf.ops.in_gradient import FixedTableUpdates, update_tables_in_gradient
+from picasso_tf.ops.stitched_lookup import stitched_lookup
+from test_ops_sparse_apply import FTRL_HP, HP, _adam_hp, _rms_hp
+from test_ops_stitched_lookup import SPECS as LOOKUP_SPECS, make_stitch
+from test_ops_stitched_projection import DENSE, SPECS, project
+
+# name -> (slots per table, the update of a table from its slot variables)
+IN_KERNEL_UPDATES = {
+    "sgd": (0, lambda s: sparse_apply.sgd_update(lr=HP["lr"])),
+    "sgd_nesterov": (1, lambda s: sparse_apply.sgd_update(lr=HP["lr"], momentum_slot=s[0],
+                                                          momentum=HP["momentum"], nesterov=True)),
+    "adagrad_weight_decay": (1, lambda s: sparse_apply.adagrad_update(s[0], lr=HP["lr"], epsilon=HP["epsilon"],
+                                                                      weight_decay=0.01)),
+    "ftrl": (2, lambda s: sparse_apply.ftrl_update(*s, **FTRL_HP)),
+    "amsgrad": (3, lambda s: sparse_apply.adam_update(s[0], s[1], vhat=s[2], **_adam_hp(tf.float32))),
+    "rmsprop_centered_momentum": (3, lambda s: sparse_apply.rmsprop_update(
+        s[0], average_gradient=s[1], momentum_slot=s[2], momentum=HP["momentum"], **_rms_hp())),
+}
+
+
+def projection(rng, rows, units):
+    """(tables, forward(table values) -> output, its other differentiated inputs, upstream)."""
+    tables, sites, _, kwargs, _ = make_stitch(rng, rows, SPECS, DENSE)
+    kernel = tf.constant(rng.normal(size=(kwargs["width"], units)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(rows, units)).astype(np.float32))
+    return tables, lambda values: project(values, sites, kernel, kwargs), [kernel], upstream
+
+
+def lookup(rng, rows, specs=SPECS):
+    tables, sites, dense, kwargs, _ = make_stitch(rng, rows, specs, DENSE)
+    dense = [tf.constant(x) for x in dense]
+
+    def forward(values):
+        return stitched_lookup(values, [s["ids"] for s in sites], [s["seg"] for s in sites],
+                               [s["w"] for s in sites], [s["num_segments"] for s in sites], dense, **kwargs)
+    upstream = tf.constant(rng.normal(size=(rows, kwargs["width"])).astype(np.float32))
+    return tables, forward, dense, upstream
+
+
+def _train_step(tables, slots, forward, others, upstream, make_update, in_kernel):
+    """One step of the tables and slots (variables made from the arrays), the update
+    applied inside the gradient kernel or after it (lazy: the rows with a gradient).
+    Returns the gradients of `others`, then every variable's new value."""
+    table_vars = [tf.Variable(t) for t in tables]
+    slot_vars = [[tf.Variable(s) for s in per_table] for per_table in slots]
+    updates = [make_update(s) for s in slot_vars]
+
+    @tf.function
+    def step():
+        values = [v.read_value() for v in table_vars]
+        loss = tf.reduce_sum(forward(values) * upstream)
+        if in_kernel:
+            hook = FixedTableUpdates(zip(table_vars, updates))
+            with update_tables_in_gradient(hook):
+                grads = tf.gradients(loss, values + others)
+            assert grads[:len(values)] == [None] * len(values), "the tables get no gradient of their own"
+            ops = hook.ops
+        else:
+            grads = tf.gradients(loss, values + others)
+            ops = [sparse_apply.apply(v, g.indices, g.values, u, lazy=True)
+                   for v, g, u in zip(table_vars, grads, updates)]
+        with tf.control_dependencies(ops):
+            return [tf.identity(g) for g in grads[len(values):]]
+
+    other_grads = [g.numpy() for g in step()]
+    return other_grads + [v.numpy() for v in table_vars + [s for per in slot_vars for s in per]]
+
+
+def _random_slots(rng, tables, num_slots):
+    return [[rng.uniform(0.1, 1.0, size=t.shape).astype(np.float32) for _ in range(num_slots)] for t in tables]
+
+
+@pytest.mark.parametrize("kernel", ["projection_narrow", "projection_wide", "lookup"])
+@pytest.mark.parametrize("case", sorted(IN_KERNEL_UPDATES))
+def test_gradient_applied_inside_the_kernel_equals_the_gradient_then_the_update(case, kernel):
+    """3 tables (one of width 5, which takes the kernels' generic row path), one-hot,
+    sequence and pooled sites, dense inputs of the lookup, 3000 rows (threaded)."""
+    rng = np.random.default_rng(11)
+    tables, forward, others, upstream = (lookup(rng, 3000) if kernel == "lookup" else
+                                         projection(rng, 3000, 2 if kernel == "projection_narrow" else 20))
+    num_slots, make_update = IN_KERNEL_UPDATES[case]
+    args = (tables, _random_slots(rng, tables, num_slots), forward, others, upstream, make_update)
+    fused, separate = _train_step(*args, in_kernel=True), _train_step(*args, in_kernel=False)
+    assert not np.array_equal(fused[len(others)], tables[0]), "the tables were updated"
+    for k, (a, b) in enumerate(zip(fused, separate)):
+        np.testing.assert_array_equal(a, b, err_msg=f"output {k} (the others' gradients, then tables, slots)")
+
+
+def test_a_lookup_with_weighted_sites_returns_its_gradients_instead():
+    """A per-id weight's gradient reads the tables' values, so the tables cannot be
+    updated before it: the gradient falls back to IndexedSlices."""
+    rng = np.random.default_rng(3)
+    tables, forward, others, upstream = lookup(rng, 40, LOOKUP_SPECS)
+    table_vars = [tf.Variable(t) for t in tables]
+    accumulators = [tf.Variable(tf.ones_like(t)) for t in tables]
+    hook = FixedTableUpdates((v, sparse_apply.adagrad_update(a, lr=0.1, epsilon=1e-7))
+                             for v, a in zip(table_vars, accumulators))
+
+    @tf.function
+    def grads():
+        values = [v.read_value() for v in table_vars]
+        with update_tables_in_gradient(hook):
+            return tf.gradients(tf.reduce_sum(forward(values) * upstream), values)
+
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads())
+    assert hook.ops == []
+
+
+@pytest.mark.parametrize("kernel", ["projection", "lookup"])
+def test_gradient_apply_errors_name_the_problem(kernel):
+    rng = np.random.default_rng(2)
+    tables, forward, others, upstream = lookup(rng, 50) if kernel == "lookup" else projection(rng, 50, 1)
+    args = (forward, others, upstream)
+    good = _random_slots(rng, tables, 1)
+    no_epsilon = lambda s: sparse_apply.Update("adagrad", s, dict(lr=0.1, weight_decay=0.0))  # noqa: E731
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no hyper-parameter named `epsilon`"):
+        _train_step(tables, good, *args, no_epsilon, in_kernel=True)
+    adagrad = IN_KERNEL_UPDATES["adagrad_weight_decay"][1]
+    mixed = iter([adagrad, lambda s: sparse_apply.sgd_update(lr=0.1, momentum_slot=s[0], momentum=0.9)] * 2)
+    with pytest.raises(ValueError, match="one kernel's tables need one update.*sgd"):
+        _train_step(tables, good, *args, lambda s: next(mixed)(s), in_kernel=True)
+    short = [[np.ones((t.shape[0] - 1, t.shape[1]), np.float32)] for t in tables]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"slot 0 of table 0 has shape \[399,4\]"):
+        _train_step(tables, short, *args, adagrad, in_kernel=True)
