@@ -20,7 +20,7 @@ from picasso_tf.graph.analysis import find_embedding_sites
 from picasso_tf.graph.capture import capture, input_signature
 from picasso_tf.passes.manager import run_passes
 from picasso_tf.passes.plan import RewritePlan
-from picasso_tf.passes.statistics import static_accesses, warmup_accesses
+from picasso_tf.passes.statistics import static_accesses, warmup_statistics
 from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.step import GradientApplier, RewrittenForward
 
@@ -121,7 +121,8 @@ class PicassoModel(tf.keras.Model):
         infer = capture(self.original, specs, training=False)
         analysis = find_embedding_sites(train)
         if self._warmup_data is not None and cfg.warmup_batches:
-            plan.accesses = warmup_accesses(train, analysis, self._warmup_data, cfg.warmup_batches)
+            plan.accesses, plan.distinct_ids = warmup_statistics(train, analysis, self._warmup_data,
+                                                                 cfg.warmup_batches)
             plan.statistics_source = f"{cfg.warmup_batches} warm-up batches"
         else:
             plan.accesses = static_accesses(train, analysis)

@@ -27,8 +27,10 @@ class Config:
       than per sample (sums then run in another order than the MatMul's: equal up to
       rounding), which pays off where ids repeat within a batch, as CTR ids do (the
       benchmark's W&D, Zipf 1.2: a 1.6x faster step); where nearly every id of a batch
-      is distinct it is slower than the MatMul (uniform ids: a 13% slower step), and
-      projection=False is the faster choice.
+      is distinct it is slower than the MatMul (uniform ids: a 13% slower step). So
+      with warm-up data, a wide projection is used only where at most 75% of the
+      warm-up batches' ids are distinct within their feature (the report's stitch entry
+      says when it was skipped); without warm-up data it is always used.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;

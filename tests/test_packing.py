@@ -138,6 +138,33 @@ def test_warmup_statistics_count_ids_per_example():
     assert plan.statistics_source == "2 warm-up batches"
     assert plan.accesses["emb_u/embeddings"] == pytest.approx(1.0)
     assert plan.accesses["emb_i/embeddings"] == pytest.approx(1.0 + SEQ[2])   # item + its history
+    first, second = [{n: np.asarray(v) for n, v in b[0].items()} for b in data.take(2)]
+    distinct_u = len(np.unique(first["u"])) + len(np.unique(second["u"]))
+    assert plan.distinct_ids["emb_u/embeddings"] == pytest.approx(distinct_u / 32)
+
+
+@pytest.mark.parametrize("units", [1, 16])
+def test_a_wide_projection_is_left_to_the_matmul_where_warmup_ids_are_mostly_distinct(units):
+    """Per unique row, a wide projection only pays where ids repeat within a batch; a
+    narrow one works per entry and is always used."""
+    x = {f"f{i}": tf.keras.Input((), dtype="int64", name=f"f{i}") for i in range(3)}
+    embs = [tf.keras.layers.Embedding(1000, 8)(x[f"f{i}"]) for i in range(3)]
+    model = tf.keras.Model(x, tf.keras.layers.Dense(units)(tf.keras.layers.Concatenate()(embs)))
+
+    def stitch_with(ids):
+        data = tf.data.Dataset.from_tensor_slices(({f"f{i}": ids for i in range(3)}, np.zeros(256))).batch(128)
+        optimized = picasso.optimize(model, warmup_data=data, warmup_batches=2)
+        [k_packing] = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"]
+        [stitch] = k_packing["stitched"]
+        return stitch
+
+    repeating, distinct = stitch_with(np.arange(256) % 7), stitch_with(np.arange(256))
+    assert repeating["projection"] and repeating["projection_skipped"] is None
+    if units == 1:
+        assert distinct["projection"] and distinct["projection_skipped"] is None
+    else:
+        assert distinct["projection"] is None
+        assert "100% of the warm-up batches' ids are distinct" in distinct["projection_skipped"]
 
 
 def test_training_step_ops_drop_to_a_tenth_for_200_fields():

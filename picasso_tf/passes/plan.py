@@ -47,6 +47,8 @@ class PackedGroup:
 class RewritePlan:
     groups: Optional[List[PackedGroup]] = None
     accesses: Dict[str, float] = dataclasses.field(default_factory=dict)  # table name -> ids/example
+    # table name -> share of a batch's ids distinct within their site (warm-up data only)
+    distinct_ids: Dict[str, float] = dataclasses.field(default_factory=dict)
     statistics_source: str = "input shapes"
     packed_tables: Dict[str, object] = dataclasses.field(default_factory=dict)  # group name -> PackedTable
 

@@ -1,4 +1,5 @@
-"""Warm-up statistics for D-packing's Eq. 1: ids looked up per example for each table.
+"""Warm-up statistics: ids looked up per example for each table (D-packing's Eq. 1),
+and from data, how many of a batch's ids are distinct (K-packing's choice of kernel).
 
 From data: the sites' id tensors are computed on the first batches. Without data: from
 the static shapes of the id tensors (one id per one-hot feature, max_len per sequence).
@@ -23,8 +24,10 @@ def static_accesses(captured, analysis):
     return dict(per_table)
 
 
-def warmup_accesses(captured, analysis, dataset, batches):
-    """Mean ids per example over the first `batches` batches of dataset."""
+def warmup_statistics(captured, analysis, dataset, batches):
+    """From the first `batches` batches of dataset, per table: the mean ids looked up
+    per example, and the share of a batch's ids that are distinct within their site
+    (how much a per-unique-row kernel saves: ids repeat in CTR data)."""
     ids_tensors = [s.ids for s in analysis.sites]
 
     @tf.function
@@ -32,15 +35,20 @@ def warmup_accesses(captured, analysis, dataset, batches):
         ids = import_forward(captured.graph_def, captured.input_tensors,
                              conform_inputs(captured.input_specs, features),
                              captured.captures, ids_tensors, name="picasso_warmup")
-        return [tf.size(t, out_type=tf.int64) for t in ids], tf.shape(tf.nest.flatten(features)[0])[0]
+        sizes = [tf.size(t, out_type=tf.int64) for t in ids]
+        distinct = [tf.size(tf.unique(tf.reshape(t, [-1]))[0], out_type=tf.int64) for t in ids]
+        return sizes, distinct, tf.shape(tf.nest.flatten(features)[0])[0]
 
-    totals, examples = np.zeros(len(ids_tensors)), 0
+    totals, distinct, examples = np.zeros(len(ids_tensors)), np.zeros(len(ids_tensors)), 0
     for batch in dataset.take(batches):
         features = batch[0] if isinstance(batch, tuple) else batch
-        sizes, n = count(features)
+        sizes, unique, n = count(features)
         totals += np.array([int(s) for s in sizes])
+        distinct += np.array([int(u) for u in unique])
         examples += int(n)
-    per_table = collections.defaultdict(float)
-    for site, total in zip(analysis.sites, totals):
-        per_table[site.variable_name] += total / max(examples, 1)
-    return dict(per_table)
+    accesses, ids, unique = (collections.defaultdict(float) for _ in range(3))
+    for site, total, site_distinct in zip(analysis.sites, totals, distinct):
+        accesses[site.variable_name] += total / max(examples, 1)
+        ids[site.variable_name] += total
+        unique[site.variable_name] += site_distinct
+    return dict(accesses), {name: unique[name] / ids[name] for name in ids if ids[name]}
