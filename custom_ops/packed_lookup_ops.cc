@@ -855,6 +855,11 @@ class StitchedLookupGradApplyOp : public OpKernel {
  public:
   explicit StitchedLookupGradApplyOp(OpKernelConstruction* c) : OpKernel(c), updates_(c) {
     OP_REQUIRES_OK(c, attrs_.Init(c));
+    int num_tables;
+    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables));
+    OP_REQUIRES(c, attrs_.num_rows.size() == num_tables,
+                errors::InvalidArgument(attrs_.op, ": num_rows and dims need one entry per table (",
+                                        num_tables, "); got ", attrs_.num_rows.size()));
   }
 
   void Compute(OpKernelContext* ctx) override {

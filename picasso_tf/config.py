@@ -41,7 +41,7 @@ class Config:
       (when the user's optimizer is supported) instead of the Keras optimizer.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
       SGD without momentum, the lazy forms) and a table's gradient comes from one stitched
-      projection, apply the update inside the kernel that computes the
+      projection or stitched lookup, apply the update inside the kernel that computes the
       gradient, while the rows are in cache, instead of writing the gradient out for a
       second kernel (same result).
     lazy_optimizer: for Adam, AdamW and RMSprop (whose Keras forms decay every row of a
