@@ -579,9 +579,17 @@ struct LookupGradAttrs {
       TF_RETURN_IF_ERROR(c->GetAttr("table_index", &table_index));
       TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
       TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &num_rows));
-      if (table_index.size() != n || dims.size() != num_rows.size()) {
-        return errors::InvalidArgument(op, ": table_index needs one entry per site, dims and ",
-                                       "num_rows one per table");
+      int num_tables;
+      TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
+      if (table_index.size() != n || dims.size() != num_tables || num_rows.size() != num_tables) {
+        return errors::InvalidArgument(op, ": table_index needs one entry per site (", n,
+                                       "), dims and num_rows one per table (", num_tables, ")");
+      }
+      for (int t = 0; t < num_tables; ++t) {
+        if (num_rows[t] < 0 || dims[t] < 0) {
+          return errors::InvalidArgument(op, ": table ", t, " has num_rows ", num_rows[t],
+                                         " and dims ", dims[t], "; both must be >= 0");
+        }
       }
     } else {
       int64_t rows;
@@ -696,8 +704,8 @@ class LookupGradients {
 
   // Writes table t's gradient rows to out[t] ([groups(t).num_unique, dim(t)], in the
   // order of its clusters' rows). done(t, rows, n, grads) receives each run of n
-  // finished rows as soon as it is summed, while it is in cache: from several threads
-  // at once, for disjoint rows.
+  // finished rows right after its work item has summed it, while it is likely still in
+  // cache: from several threads at once, for disjoint rows.
   template <typename Done>
   void Run(OpKernelContext* ctx, const std::vector<T*>& out, const Done& done) {
     for (int t = 0; t < num_tables(); ++t) tables_[t].out = out[t];
@@ -855,14 +863,12 @@ class StitchedLookupGradApplyOp : public OpKernel {
  public:
   explicit StitchedLookupGradApplyOp(OpKernelConstruction* c) : OpKernel(c), updates_(c) {
     OP_REQUIRES_OK(c, attrs_.Init(c));
-    int num_tables;
-    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables));
-    OP_REQUIRES(c, attrs_.num_rows.size() == num_tables,
-                errors::InvalidArgument(attrs_.op, ": num_rows and dims need one entry per table (",
-                                        num_tables, "); got ", attrs_.num_rows.size()));
   }
 
   void Compute(OpKernelContext* ctx) override {
+    // The ids are grouped and checked before the tables are locked: that reads no table.
+    LookupGradients<T, Tid, true> gradients;
+    OP_REQUIRES_OK(ctx, gradients.Prepare(ctx, attrs_));
     typename picasso::InPlaceUpdates<T>::Locked vars;
     OP_REQUIRES_OK(ctx, vars.Lock(ctx, updates_));
     for (size_t t = 0; t < attrs_.num_rows.size(); ++t) {
@@ -872,8 +878,6 @@ class StitchedLookupGradApplyOp : public OpKernel {
                                           vars.tensors()[t].shape().DebugString(), "; expected ",
                                           expected.DebugString()));
     }
-    LookupGradients<T, Tid, true> gradients;
-    OP_REQUIRES_OK(ctx, gradients.Prepare(ctx, attrs_));
     std::vector<Tensor> buffers(gradients.num_tables());
     std::vector<T*> out(gradients.num_tables());
     for (int t = 0; t < gradients.num_tables(); ++t) {

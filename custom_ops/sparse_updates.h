@@ -1,6 +1,7 @@
 // The per-row optimizer updates of picasso_tf's fused row-sparse kernels (Keras 2.15
-// semantics), shared by the sparse apply ops (sparse_apply_ops.cc) and the
-// projection gradient that updates its tables in place (stitched_projection_ops.cc).
+// semantics), shared by the sparse apply ops (sparse_apply_ops.cc) and the gradients
+// that update their tables in place (InPlaceUpdates: the stitched projection's,
+// stitched_projection_ops.cc, and the stitched lookup's, packed_lookup_ops.cc).
 //
 // Float operation order: every expression follows keras/src/optimizers/*.py term
 // by term (e.g. Adam's `m -= m * (1 - beta_1); m += g * (1 - beta_1)`, not

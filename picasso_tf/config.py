@@ -30,7 +30,8 @@ class Config:
       is distinct it is slower than the MatMul (uniform ids: a 13% slower step). So
       with warm-up data, a wide projection is used only where at most 75% of the
       warm-up batches' ids are distinct within their feature (the report's stitch entry
-      says when it was skipped); without warm-up data it is always used.
+      says when it was skipped; the share depends on the batch size, so warm up with
+      training-sized batches); without warm-up data it is always used.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;

@@ -7,6 +7,8 @@ import tensorflow as tf
 
 from picasso_tf.ops import sparse_apply
 from picasso_tf.ops.in_gradient import FixedTableUpdates, update_tables_in_gradient
+from picasso_tf.ops.library import load
+from picasso_tf.ops.packed_lookup import site_inputs
 from picasso_tf.ops.stitched_lookup import stitched_lookup
 from test_ops_sparse_apply import FTRL_HP, HP, _adam_hp, _rms_hp
 from test_ops_stitched_lookup import SPECS as LOOKUP_SPECS, make_stitch
@@ -26,16 +28,24 @@ IN_KERNEL_UPDATES = {
 }
 
 
+def shared_stitch(rng, rows, specs=SPECS):
+    """make_stitch's, with sites 0 and 5 (both of table 0) reading the same rows, as a
+    shared embedding does: their entries meet in one row's gradient and update."""
+    tables, sites, dense, kwargs, _ = make_stitch(rng, rows, specs, DENSE)
+    kwargs["offsets"][5] = kwargs["offsets"][0]
+    return tables, sites, dense, kwargs
+
+
 def projection(rng, rows, units):
     """(tables, forward(table values) -> output, its other differentiated inputs, upstream)."""
-    tables, sites, _, kwargs, _ = make_stitch(rng, rows, SPECS, DENSE)
+    tables, sites, _, kwargs = shared_stitch(rng, rows)
     kernel = tf.constant(rng.normal(size=(kwargs["width"], units)).astype(np.float32))
     upstream = tf.constant(rng.normal(size=(rows, units)).astype(np.float32))
     return tables, lambda values: project(values, sites, kernel, kwargs), [kernel], upstream
 
 
 def lookup(rng, rows, specs=SPECS):
-    tables, sites, dense, kwargs, _ = make_stitch(rng, rows, specs, DENSE)
+    tables, sites, dense, kwargs = shared_stitch(rng, rows, specs)
     dense = [tf.constant(x) for x in dense]
 
     def forward(values):
@@ -130,3 +140,39 @@ def test_gradient_apply_errors_name_the_problem(kernel):
     short = [[np.ones((t.shape[0] - 1, t.shape[1]), np.float32)] for t in tables]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"slot 0 of table 0 has shape \[399,4\]"):
         _train_step(tables, short, *args, adagrad, in_kernel=True)
+
+
+def test_bad_ids_and_tables_fail_before_any_table_or_slot_is_written():
+    """The apply kernel called directly (in a step the forward lookup would catch a bad
+    id first): each error leaves the tables and slots as they were."""
+    rng = np.random.default_rng(5)
+    tables, sites, dense, kwargs = shared_stitch(rng, 300)
+    table_vars = [tf.Variable(t) for t in tables]
+    accumulators = [tf.Variable(tf.fill(t.shape, 0.5)) for t in tables]
+    site_kwargs = {k: kwargs[k] for k in ("offsets", "vocab_sizes", "combiners", "feature_names")}
+    upstream = tf.constant(rng.normal(size=(300, kwargs["width"])).astype(np.float32))
+
+    def apply(ids_of, num_rows=(400, 400, 400)):
+        ids, segments, weights, num_segments = site_inputs(
+            tf.float32, ids_of, [s["seg"] for s in sites], None, [s["num_segments"] for s in sites],
+            op_name="test", **site_kwargs)
+        load().picasso_stitched_lookup_grad_apply(
+            grad=upstream, vars=[v.handle for v in table_vars], slots=[a.handle for a in accumulators],
+            ids=ids, segment_ids=segments, weights=weights, num_segments=num_segments,
+            hyper=[tf.constant(0.1), tf.constant(1e-7), tf.constant(0.0)],
+            hyper_names=["lr", "epsilon", "weight_decay"], optimizer="adagrad", num_slots=1,
+            table_index=kwargs["table_index"], num_rows=list(num_rows), dims=[t.shape[1] for t in tables],
+            columns=kwargs["columns"], row_blocks=kwargs["row_blocks"], **site_kwargs)
+
+    bad = [s["ids"].copy() for s in sites]
+    bad[3][7] = 1000   # site F3: vocabulary 7
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'F3'.*1000"):
+        apply(bad)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"table 1 has shape \[400,8\]; expected \[500,8\]"):
+        apply([s["ids"] for s in sites], num_rows=(400, 500, 400))
+    for variable, table in zip(table_vars, tables):
+        np.testing.assert_array_equal(variable.numpy(), table)
+    for accumulator in accumulators:
+        np.testing.assert_array_equal(accumulator.numpy(), 0.5)
+    apply([s["ids"] for s in sites])   # the same call with good inputs updates the tables
+    assert not np.array_equal(table_vars[0].numpy(), tables[0])

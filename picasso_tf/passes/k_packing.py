@@ -149,9 +149,10 @@ def _projection_choice(stitch, plan, config):
         return False, "projection=False"
     if projected.units <= MAX_UNITS or not plan.distinct_ids:
         return True, None
-    dims = [site.dim for site in stitch.sites]
-    share = sum(d * plan.distinct_ids.get(site.variable_name, 1.0)
-                for d, site in zip(dims, stitch.sites)) / sum(dims)
+    # Each site weighs by the MatMul's work on it: the columns it fills.
+    parts = [p for p in stitch.parts if p.site is not None]
+    share = sum(p.inner * plan.distinct_ids.get(p.site.variable_name, 1.0) for p in parts) / sum(
+        p.inner for p in parts)
     if share > WIDE_PROJECTION_MAX_DISTINCT:
         return False, (f"{share:.0%} of the warm-up batches' ids are distinct (above "
                        f"{WIDE_PROJECTION_MAX_DISTINCT:.0%}): the MatMul is faster")
