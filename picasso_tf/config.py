@@ -28,10 +28,13 @@ class Config:
       rounding), which pays off where ids repeat within a batch, as CTR ids do (the
       benchmark's W&D, Zipf 1.2: a 1.6x faster step); where nearly every id of a batch
       is distinct it is slower than the MatMul (uniform ids: a 13% slower step). So
-      with warm-up data, a wide projection is used only where at most 75% of the
-      warm-up batches' ids are distinct within their feature (the report's stitch entry
-      says when it was skipped; the share depends on the batch size, so warm up with
-      training-sized batches); without warm-up data it is always used.
+      with warm-up data, a wide projection is used only where at most
+      `projection_max_distinct` of the warm-up batches' ids are distinct within their
+      feature (the report's stitch entry says when it was skipped; the share depends on
+      the batch size, so warm up with training-sized batches); without warm-up data it
+      is always used. The default, 0.75, sits below the break-even measured on the
+      benchmark's W&D (`benchmarks/projection_breakeven.txt`: 25% distinct 1.89x
+      faster, 54% 1.28x, 79% 1.00x, 90% 0.92x).
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
@@ -56,6 +59,7 @@ class Config:
     k_packing: bool = True
     stitching: bool = True
     projection: bool = True
+    projection_max_distinct: float = 0.75
     shard_heavy_groups: bool = True
     max_shards: int = 4
     warmup_batches: int = 8
@@ -73,6 +77,8 @@ class Config:
             raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
+        if not 0.0 <= self.projection_max_distinct <= 1.0:
+            raise ValueError(f"projection_max_distinct is a share of ids, in [0, 1]; got {self.projection_max_distinct}")
         if self.warmup_batches < 0:
             raise ValueError(f"warmup_batches must be >= 0, got {self.warmup_batches}")
 
@@ -109,4 +115,4 @@ def _parse_env(name, text, type_name):
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"PICASSO_{name.upper()}={text!r}: expected 1/0, true/false")
-    return int(text)
+    return float(text) if type_name in (float, "float") else int(text)

@@ -151,9 +151,9 @@ def test_a_wide_projection_is_left_to_the_matmul_where_warmup_ids_are_mostly_dis
     embs = [tf.keras.layers.Embedding(1000, 8)(x[f"f{i}"]) for i in range(3)]
     model = tf.keras.Model(x, tf.keras.layers.Dense(units)(tf.keras.layers.Concatenate()(embs)))
 
-    def stitch_with(ids):
+    def stitch_with(ids, **options):
         data = tf.data.Dataset.from_tensor_slices(({f"f{i}": ids for i in range(3)}, np.zeros(256))).batch(128)
-        optimized = picasso.optimize(model, warmup_data=data, warmup_batches=2)
+        optimized = picasso.optimize(model, warmup_data=data, warmup_batches=2, **options)
         [k_packing] = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"]
         [stitch] = k_packing["stitched"]
         return stitch
@@ -165,6 +165,9 @@ def test_a_wide_projection_is_left_to_the_matmul_where_warmup_ids_are_mostly_dis
     else:
         assert distinct["projection"] is None
         assert "100% of the warm-up batches' ids are distinct" in distinct["projection_skipped"]
+        assert stitch_with(np.arange(256), projection_max_distinct=1.0)["projection"]
+    with pytest.raises(ValueError, match="projection_max_distinct is a share of ids, in \\[0, 1\\]; got 1.5"):
+        picasso.optimize(model, projection_max_distinct=1.5)
 
 
 def test_training_step_ops_drop_to_a_tenth_for_200_fields():

@@ -22,12 +22,6 @@ from picasso_tf.ops.stitched_projection import MAX_UNITS
 from picasso_tf.passes.plan import PackedGroup, TableSlot
 from picasso_tf.passes.stitching import find_stitches
 
-# A wide projection (more than MAX_UNITS units) is used only where at most this share
-# of a batch's ids are distinct within their site (warm-up statistics). Measured on the
-# benchmark's W&D (200 fields, 256 units, batch 4096), projection against MatMul step:
-# 54% distinct 1.34x, 79% 0.99x, 87% 0.93x, 90% 0.88x.
-WIDE_PROJECTION_MAX_DISTINCT = 0.75
-
 # Ops that pass ids through unchanged in meaning, followed back to name a site's feature.
 _ID_PASSTHROUGH = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StridedSlice", "Unique",
                    "SparseFillEmptyRows", "SparseReshape"}
@@ -139,9 +133,10 @@ def _rewrite_group(graph, group, table, analysis, own, feature_names, edits):
 def _projection_choice(stitch, plan, config):
     """(whether to replace the stitch's MatMul by a stitched projection, why not).
 
-    A wide projection works per distinct id of each site, which pays off where ids
-    repeat within a batch; where the warm-up batches show most ids distinct, the
-    MatMul on the stitched lookup is the faster choice."""
+    A wide projection (more than MAX_UNITS units) works per distinct id of each site,
+    which pays off where ids repeat within a batch; where the warm-up batches show more
+    than config.projection_max_distinct of them distinct, the MatMul on the stitched
+    lookup is the faster choice."""
     projected = stitch.projection
     if projected is None:
         return False, None
@@ -153,9 +148,9 @@ def _projection_choice(stitch, plan, config):
     parts = [p for p in stitch.parts if p.site is not None]
     share = sum(p.inner * plan.distinct_ids.get(p.site.variable_name, 1.0) for p in parts) / sum(
         p.inner for p in parts)
-    if share > WIDE_PROJECTION_MAX_DISTINCT:
+    if share > config.projection_max_distinct:
         return False, (f"{share:.0%} of the warm-up batches' ids are distinct (above "
-                       f"{WIDE_PROJECTION_MAX_DISTINCT:.0%}): the MatMul is faster")
+                       f"projection_max_distinct={config.projection_max_distinct:.0%}): the MatMul is faster")
     return True, None
 
 
