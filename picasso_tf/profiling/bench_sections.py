@@ -36,7 +36,8 @@ NOT_BUILT = "not built"
 class Sizes:
     """Problem sizes and repetitions of one mode (tiny / quick / full)."""
     seed: int = 0
-    rounds: int = 7                       # more, shorter rounds: finer interleaving against load changes
+    rounds: int = 15                      # packing rounds: enough short ones that a cell's median
+                                          # percent-of-bound holds still on a noisy shared machine
     steps: int = 5
     warmup_steps: int = 2
     batches: int = 4                      # distinct pre-built batches each variant cycles through
