@@ -326,15 +326,17 @@ class SparseApplyOp : public OpKernel {
     const int num_slots = static_cast<int>(vars.size()) - 1;
     const T* grads = grad.flat<T>().data();
 
-    // Decoupled weight decay (Keras' _apply_weight_decay), then the step, on one row.
-    auto update_row = [&](int64_t row, const T* g) {
+    // Decoupled weight decay (Keras' _apply_weight_decay), then the step, on `count`
+    // rows from `row`: one row with a gradient g, or a run of rows without (g null;
+    // Row<false> is element-wise, so a run is one long loop for the vectoriser).
+    auto update_rows = [&](int64_t row, int64_t count, const T* g) {
       T* w = table + row * d;
       T* slots[kMaxSlots] = {};
       for (int k = 0; k < num_slots; ++k) slots[k] = slot_tables[k] + row * d;
       if (g != nullptr) {
         UpdateRow<true>(update, w, slots, g, d, weight_decay, lr);
       } else {
-        UpdateRow<false>(update, w, slots, g, d, weight_decay, lr);
+        UpdateRow<false>(update, w, slots, g, count * d, weight_decay, lr);
       }
     };
 
@@ -342,8 +344,16 @@ class SparseApplyOp : public OpKernel {
     const int64_t cost = d * Update<T>::kCostPerElement;
     if (all_rows) {
       workers->ParallelFor(num_rows, cost, [&](int64_t begin, int64_t end) {
-        for (int64_t row = begin; row < end; ++row) {
-          update_row(row, row_map[row] >= 0 ? grads + row_map[row] * d : nullptr);
+        for (int64_t row = begin; row < end;) {
+          if (row_map[row] >= 0) {
+            update_rows(row, 1, grads + row_map[row] * d);
+            ++row;
+            continue;
+          }
+          int64_t run_end = row + 1;
+          while (run_end < end && row_map[run_end] < 0) ++run_end;
+          update_rows(row, run_end - row, nullptr);
+          row = run_end;
         }
       });
     } else {
@@ -360,7 +370,7 @@ class SparseApplyOp : public OpKernel {
               }
             }
           }
-          update_row(index[i], grads + i * d);
+          update_rows(index[i], 1, grads + i * d);
         }
       });
     }

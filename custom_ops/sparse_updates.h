@@ -124,7 +124,8 @@ void CheckMomentumSlot(ScalarInputs<T>& in, bool has_momentum, T momentum) {
 //   Update(attrs, scalars)  the hyper-parameters of one call;
 //   changes_untouched_rows  whether Keras' update changes rows without a gradient;
 //   Row<kTouched>(var, slots, grad, d)  one row of d elements (grad: null when
-//                           !kTouched).
+//                           !kTouched). Row<false> must treat each element on its
+//                           own: the exact form passes a run of rows as one row.
 
 // SGD (keras/src/optimizers/sgd.py, IndexedSlices branch); slots: [] or [m].
 //   plain:     var += -g * lr                                (rows with a gradient)
@@ -163,25 +164,35 @@ class SgdUpdate {
   template <bool kTouched>
   void Row(T* var, T* const* slots, const T* g, int64_t d) const {
     if (!has_momentum_) {
-      if constexpr (kTouched) {
-        for (int64_t j = 0; j < d; ++j) var[j] += -g[j] * lr_;
-      }
-      return;
+      if constexpr (kTouched) Plain(var, g, d, lr_);
+    } else if (nesterov_) {
+      Momentum<kTouched, true>(var, slots[0], g, d);
+    } else {
+      Momentum<kTouched, false>(var, slots[0], g, d);
     }
-    T* m = slots[0];
+  }
+
+ private:
+  // Unaliased tables and constants in locals (see AdamUpdate::Moments).
+  static void Plain(T* __restrict var, const T* __restrict g, int64_t d, T lr) {
+    for (int64_t j = 0; j < d; ++j) var[j] += -g[j] * lr;
+  }
+
+  template <bool kTouched, bool kNesterov>
+  void Momentum(T* __restrict var, T* __restrict m, const T* __restrict g, int64_t d) const {
+    const T lr = lr_, momentum = momentum_;
     for (int64_t j = 0; j < d; ++j) {
-      m[j] = m[j] * momentum_;
-      if constexpr (kTouched) m[j] += -g[j] * lr_;
-      if (nesterov_) {
-        if constexpr (kTouched) var[j] += -g[j] * lr_;
-        var[j] += m[j] * momentum_;
+      m[j] = m[j] * momentum;
+      if constexpr (kTouched) m[j] += -g[j] * lr;
+      if constexpr (kNesterov) {
+        if constexpr (kTouched) var[j] += -g[j] * lr;
+        var[j] += m[j] * momentum;
       } else {
         var[j] += m[j];
       }
     }
   }
 
- private:
   bool has_momentum_, nesterov_;
   T lr_, momentum_;
 };
@@ -206,16 +217,19 @@ class AdagradUpdate {
 
   template <bool kTouched>
   void Row(T* var, T* const* slots, const T* g, int64_t d) const {
-    if constexpr (kTouched) {
-      T* accumulator = slots[0];
-      for (int64_t j = 0; j < d; ++j) {
-        accumulator[j] += g[j] * g[j];
-        var[j] += neg_lr_ * g[j] / std::sqrt(accumulator[j] + epsilon_);
-      }
-    }
+    if constexpr (kTouched) Accumulate(var, slots[0], g, d, neg_lr_, epsilon_);
   }
 
  private:
+  // Unaliased tables and constants in locals (see AdamUpdate::Moments).
+  static void Accumulate(T* __restrict var, T* __restrict accumulator, const T* __restrict g,
+                         int64_t d, T neg_lr, T epsilon) {
+    for (int64_t j = 0; j < d; ++j) {
+      accumulator[j] += g[j] * g[j];
+      var[j] += neg_lr * g[j] / std::sqrt(accumulator[j] + epsilon);
+    }
+  }
+
   T neg_lr_, epsilon_;
 };
 
@@ -248,27 +262,41 @@ class FtrlUpdate {
 
   template <bool kTouched>
   void Row(T* var, T* const* slots, const T* g, int64_t d) const {
-    T* accum = slots[0];
-    T* linear = slots[1];
-    for (int64_t j = 0; j < d; ++j) {
-      const T grad = kTouched ? g[j] : T(0);
-      const T shrunk = grad + two_l2_shrinkage_ * var[j];
-      const T new_accum = accum[j] + grad * grad;
-      const T old_power = AccumPower(accum[j]);
-      const T new_power = kTouched ? AccumPower(new_accum) : old_power;
-      linear[j] += shrunk - (new_power - old_power) / lr_ * var[j];
-      const T quadratic = new_power / lr_ + two_l2_reg_;
-      const T clipped = std::max(std::min(linear[j], l1_), -l1_);
-      var[j] = (clipped - linear[j]) / quadratic;
-      accum[j] = new_accum;
+    if (neg_lr_power_ == T(0.5)) {
+      Step<kTouched, true>(var, slots[0], slots[1], g, d);
+    } else {
+      Step<kTouched, false>(var, slots[0], slots[1], g, d);
     }
   }
 
  private:
-  // Correctly rounded (also a float's: pow in double, then rounded once).
-  T AccumPower(T x) const {
-    if (neg_lr_power_ == T(0.5)) return std::sqrt(x);
-    return static_cast<T>(std::pow(static_cast<double>(x), static_cast<double>(neg_lr_power_)));
+  // Unaliased tables and constants in locals (see AdamUpdate::Moments); the usual
+  // lr_power = -0.5 (kSqrt) in a loop of its own, which vectorises.
+  template <bool kTouched, bool kSqrt>
+  void Step(T* __restrict var, T* __restrict accum, T* __restrict linear,
+            const T* __restrict g, int64_t d) const {
+    const T lr = lr_, neg_lr_power = neg_lr_power_, l1 = l1_,
+            two_l2_shrinkage = two_l2_shrinkage_, two_l2_reg = two_l2_reg_;
+    // Correctly rounded (also a float's: pow in double, then rounded once).
+    auto power = [neg_lr_power](T x) {
+      if constexpr (kSqrt) {
+        return std::sqrt(x);
+      } else {
+        return static_cast<T>(std::pow(static_cast<double>(x), static_cast<double>(neg_lr_power)));
+      }
+    };
+    for (int64_t j = 0; j < d; ++j) {
+      const T grad = kTouched ? g[j] : T(0);
+      const T shrunk = grad + two_l2_shrinkage * var[j];
+      const T new_accum = accum[j] + grad * grad;
+      const T old_power = power(accum[j]);
+      const T new_power = kTouched ? power(new_accum) : old_power;
+      linear[j] += shrunk - (new_power - old_power) / lr * var[j];
+      const T quadratic = new_power / lr + two_l2_reg;
+      const T clipped = std::max(std::min(linear[j], l1), -l1);
+      var[j] = (clipped - linear[j]) / quadratic;
+      accum[j] = new_accum;
+    }
   }
 
   // Declaration order matters: two_l2_reg_ is computed from lr_.
@@ -307,23 +335,34 @@ class AdamUpdate {
 
   template <bool kTouched>
   void Row(T* var, T* const* slots, const T* g, int64_t d) const {
-    T* m = slots[0];
-    T* v = slots[1];
-    T* vhat = amsgrad_ ? slots[2] : nullptr;
-    for (int64_t j = 0; j < d; ++j) {
-      m[j] -= m[j] * one_minus_beta1_;
-      v[j] -= v[j] * one_minus_beta2_;
-      if constexpr (kTouched) {
-        m[j] += g[j] * one_minus_beta1_;
-        v[j] += g[j] * g[j] * one_minus_beta2_;
-      }
-      T second_moment = v[j];
-      if (vhat) second_moment = vhat[j] = std::max(vhat[j], v[j]);
-      var[j] -= m[j] * alpha_ / (std::sqrt(second_moment) + epsilon_);
+    if (amsgrad_) {
+      Moments<kTouched, true>(var, slots[0], slots[1], slots[2], g, d);
+    } else {
+      Moments<kTouched, false>(var, slots[0], slots[1], nullptr, g, d);
     }
   }
 
  private:
+  // The row loop with the tables marked unaliased (a locked table's buffer is its
+  // own) and the constants in locals, so that GCC vectorises it without run-time
+  // alias checks.
+  template <bool kTouched, bool kAmsgrad>
+  void Moments(T* __restrict var, T* __restrict m, T* __restrict v, T* __restrict vhat,
+               const T* __restrict g, int64_t d) const {
+    const T alpha = alpha_, c1 = one_minus_beta1_, c2 = one_minus_beta2_, eps = epsilon_;
+    for (int64_t j = 0; j < d; ++j) {
+      m[j] -= m[j] * c1;
+      v[j] -= v[j] * c2;
+      if constexpr (kTouched) {
+        m[j] += g[j] * c1;
+        v[j] += g[j] * g[j] * c2;
+      }
+      T second_moment = v[j];
+      if constexpr (kAmsgrad) second_moment = vhat[j] = std::max(vhat[j], v[j]);
+      var[j] -= m[j] * alpha / (std::sqrt(second_moment) + eps);
+    }
+  }
+
   bool amsgrad_;
   T alpha_, one_minus_beta1_, one_minus_beta2_, epsilon_;
 };
@@ -376,22 +415,41 @@ class RmspropUpdate {
     T* velocity = slots[0];
     T* average = centered_ ? slots[1] : nullptr;
     T* mom = has_momentum_ ? slots[centered_ ? 2 : 1] : nullptr;
+    if (centered_) {
+      if (has_momentum_) {
+        Step<kTouched, true, true>(var, velocity, average, mom, g, d);
+      } else {
+        Step<kTouched, true, false>(var, velocity, average, mom, g, d);
+      }
+    } else if (has_momentum_) {
+      Step<kTouched, false, true>(var, velocity, average, mom, g, d);
+    } else {
+      Step<kTouched, false, false>(var, velocity, average, mom, g, d);
+    }
+  }
+
+ private:
+  // Unaliased tables and constants in locals (see AdamUpdate::Moments).
+  template <bool kTouched, bool kCentered, bool kMomentum>
+  void Step(T* __restrict var, T* __restrict velocity, T* __restrict average,
+            T* __restrict mom, const T* __restrict g, int64_t d) const {
+    const T lr = lr_, rho = rho_, one_minus_rho = one_minus_rho_, momentum = momentum_,
+            epsilon = epsilon_;
     for (int64_t j = 0; j < d; ++j) {
-      velocity[j] = rho_ * velocity[j];
-      if constexpr (kTouched) velocity[j] += g[j] * g[j] * one_minus_rho_;
-      if (average) {
-        average[j] = rho_ * average[j];
-        if constexpr (kTouched) average[j] += g[j] * one_minus_rho_;
+      velocity[j] = rho * velocity[j];
+      if constexpr (kTouched) velocity[j] += g[j] * g[j] * one_minus_rho;
+      if constexpr (kCentered) {
+        average[j] = rho * average[j];
+        if constexpr (kTouched) average[j] += g[j] * one_minus_rho;
       }
       T increment = T(0);
       if constexpr (kTouched) {
-        const T denominator = average
-                                  ? velocity[j] - average[j] * average[j] + epsilon_
-                                  : velocity[j] + epsilon_;
-        increment = lr_ * g[j] * (T(1) / std::sqrt(denominator));
+        const T denominator = kCentered ? velocity[j] - average[j] * average[j] + epsilon
+                                        : velocity[j] + epsilon;
+        increment = lr * g[j] * (T(1) / std::sqrt(denominator));
       }
-      if (mom) {
-        mom[j] = momentum_ * mom[j];
+      if constexpr (kMomentum) {
+        mom[j] = momentum * mom[j];
         if constexpr (kTouched) mom[j] += increment;
         var[j] += -mom[j];
       } else if constexpr (kTouched) {
@@ -400,7 +458,6 @@ class RmspropUpdate {
     }
   }
 
- private:
   bool centered_, has_momentum_;
   T lr_, rho_, one_minus_rho_, momentum_, epsilon_;
 };

@@ -138,8 +138,11 @@ CASES = {
         lambda *a: ref_rmsprop(*a, momentum=True)),
 }
 
-# (rows N, row width D, number of indices U, weight decay)
-SHAPES = [(7, 1, 0, 0.0), (9, 64, 9, 0.0), (40, 3, 17, 0.1), (25, 64, 6, 0.0)]
+# (rows N, row width D, number of indices U, weight decay). The last two give the
+# exact form long runs of rows without a gradient (one vectorised loop each), split
+# between threads.
+SHAPES = [(7, 1, 0, 0.0), (9, 64, 9, 0.0), (40, 3, 17, 0.1), (25, 64, 6, 0.0),
+          (3000, 16, 40, 0.0), (1001, 5, 13, 0.1)]
 
 
 def _state(rng, n, d, num_slots, dt, case=""):
