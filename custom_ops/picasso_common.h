@@ -74,6 +74,12 @@ decltype(auto) DispatchDim(int64_t d, const Fn& fn) {
   }
 }
 
+// Eigen's vector register for T (16 floats with AVX-512), for hand-blocked loops.
+template <typename T>
+using Packet = typename Eigen::internal::packet_traits<T>::type;
+template <typename T>
+constexpr int64_t kLanes = Eigen::internal::unpacket_traits<Packet<T>>::size;
+
 // A row of width kD (or d when kD is 0) as an Eigen array, so that row arithmetic is
 // explicitly vectorised (a plain loop may not be, when the compiler cannot rule out
 // that the rows overlap).

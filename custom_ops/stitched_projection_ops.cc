@@ -206,10 +206,8 @@ Status CheckUpstream(const char* op, const Tensor& dy, const Tensor& kernel) {
 // output row's block stays in registers while the z rows of a band of sites are added
 // to it, so it is read and written once per band rather than once per site.
 
-template <typename T>
-using Packet = typename Eigen::internal::packet_traits<T>::type;
-template <typename T>
-constexpr int64_t kLanes = Eigen::internal::unpacket_traits<Packet<T>>::size;
+using ::picasso::kLanes;
+using ::picasso::Packet;
 constexpr int kBlockPackets = 4;
 template <typename T>
 constexpr int64_t kBlockColumns = kBlockPackets * kLanes<T>;

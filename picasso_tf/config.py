@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 # Passes in the order they run (ARCHITECTURE.md §2).
-PASS_ORDER = ("d_packing", "k_packing", "hybrid_hash", "distribute", "k_interleave")
+PASS_ORDER = ("d_packing", "k_packing", "interactions", "hybrid_hash", "distribute", "k_interleave")
 
 
 @dataclasses.dataclass
@@ -35,6 +35,11 @@ class Config:
       is always used. The default, 0.75, sits below the break-even measured on the
       benchmark's W&D (`benchmarks/projection_breakeven.txt`: 25% distinct 1.89x
       faster, 54% 1.28x, 79% 1.00x, 90% 0.92x).
+    interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
+      features with themselves, transposed, gathered at constant positions) by one
+      kernel computing only the gathered dot products, and its gradient without the
+      [B, F, F] product (equal up to rounding). The report lists what it fused and
+      which self-products it left alone, and why.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
@@ -60,6 +65,7 @@ class Config:
     stitching: bool = True
     projection: bool = True
     projection_max_distinct: float = 0.75
+    interactions: bool = True
     shard_heavy_groups: bool = True
     max_shards: int = 4
     warmup_batches: int = 8

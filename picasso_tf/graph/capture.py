@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from picasso_tf.graph.graph_def_util import canonical
+from picasso_tf.graph.graph_def_util import canonical, prune, rewire, split_tensor_name
 from picasso_tf.graph.inline import LibraryHold, inline_function_calls
 
 
@@ -43,6 +43,21 @@ class CapturedGraph:
             output_structure=tf.nest.map_structure(rename, self.output_structure),
             output_masks=[rename(m) if m else None for m in self.output_masks],
             regularization_loss=rename(self.regularization_loss) if self.regularization_loss else None)
+
+    def rewritten(self, graph_def, replacements, removed, new_captures=None):
+        """A copy over graph_def (this graph plus new nodes) with the tensors in
+        `replacements` redirected, the `removed` nodes dropped and the nodes that no
+        output needs any more pruned."""
+        graph_def = rewire(graph_def, replacements, removed)
+        renamed = self.with_graph(graph_def, replacements, {})
+        keep_outputs = renamed.output_tensors + renamed.mask_tensors + (
+            [renamed.regularization_loss] if renamed.regularization_loss else [])
+        # Inputs stay, used or not, so that feeding every feature keeps working.
+        graph_def = prune(graph_def, keep_outputs, keep=self.input_tensors)
+        present = {n.name for n in graph_def.node}
+        captures = {k: v for k, v in {**self.captures, **(new_captures or {})}.items()
+                    if split_tensor_name(k)[0] in present}
+        return self.with_graph(graph_def, replacements, captures)
 
     @property
     def variables(self):

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops, handle_data_util
 
 from picasso_tf.embedding.packed_table import PackedTable
-from picasso_tf.graph.graph_def_util import GraphIndex, canonical, prune, rewire, split_tensor_name
+from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
 from picasso_tf.passes.plan import PackedGroup, TableSlot
 from picasso_tf.passes.stitching import find_stitches
@@ -69,17 +69,7 @@ def k_packing(state, config):
                     for stitch in stitches]
         graph_def = scratch.as_graph_def()
 
-    replacements, removed, new_captures = edits.replacements, edits.removed, edits.captures
-    graph_def = rewire(graph_def, replacements, removed)
-    rewritten = captured.with_graph(graph_def, replacements, {})
-    keep_outputs = rewritten.output_tensors + rewritten.mask_tensors + (
-        [rewritten.regularization_loss] if rewritten.regularization_loss else [])
-    # Inputs stay, used or not, so that feeding every feature keeps working.
-    graph_def = prune(graph_def, keep_outputs, keep=captured.input_tensors)
-    present = {n.name for n in graph_def.node}
-    captures = {k: v for k, v in {**captured.captures, **new_captures}.items()
-                if split_tensor_name(k)[0] in present}
-    state.graph = captured.with_graph(graph_def, replacements, captures)
+    state.graph = captured.rewritten(graph_def, edits.replacements, edits.removed, edits.captures)
     return state, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
                    "stitched": stitched}
 

@@ -11,11 +11,12 @@ from picasso_tf.config import PASS_ORDER
 from picasso_tf.graph.analysis import Analysis, find_embedding_sites
 from picasso_tf.graph.capture import CapturedGraph
 from picasso_tf.passes.d_packing import d_packing
+from picasso_tf.passes.interactions import interactions
 from picasso_tf.passes.k_packing import k_packing
 from picasso_tf.passes.later import distribute, hybrid_hash, k_interleave
 from picasso_tf.passes.plan import RewritePlan
 
-PASSES = {"d_packing": d_packing, "k_packing": k_packing, "hybrid_hash": hybrid_hash,
+PASSES = {"d_packing": d_packing, "k_packing": k_packing, "interactions": interactions, "hybrid_hash": hybrid_hash,
           "distribute": distribute, "k_interleave": k_interleave}
 assert tuple(PASSES) == PASS_ORDER
 

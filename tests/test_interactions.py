@@ -1,0 +1,107 @@
+"""The interactions pass: a DLRM-style dot interaction (x times x transposed, gathered
+at constant positions) becomes one PicassoPairwiseDots kernel, the model trains as
+before, and any other self-product is left alone with the reason in the report."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+from test_zoo import MIXED, random_data, zoo
+
+BATCH, STEPS, FIELDS, DIM = 64, 20, 6, 4
+
+
+def interactions_report(model):
+    [report] = [p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "interactions"]
+    return report
+
+
+def forward_nodes(model, features):
+    """(name, op type) of the nodes of the rewritten training forward."""
+    graph_def = model.rewritten_forward(training=True, example_inputs=features).captured.graph_def
+    return [(n.name, n.op) for n in graph_def.node]
+
+
+def twin_models(build):
+    tf.keras.utils.set_random_seed(5)
+    baseline, original = build(), build()
+    original.set_weights(baseline.get_weights())
+    return baseline, original
+
+
+def train(model, data):
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    return np.array([model.train_on_batch(x, y) for x, y in data])
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_the_zoo_dlrm_interaction_is_fused_and_trains_like_the_baseline(packing):
+    baseline, original = twin_models(lambda: zoo.build("dlrm", MIXED))
+    optimized = picasso.optimize(original, packing=packing)
+    data = random_data(MIXED, BATCH * STEPS, seed=3)
+    batches = [(data.take(np.arange(s * BATCH, (s + 1) * BATCH)).features,
+                data.take(np.arange(s * BATCH, (s + 1) * BATCH)).label_dict) for s in range(STEPS)]
+
+    [fused] = interactions_report(optimized)["fused"]
+    features = 1 + len(MIXED.categorical) + len(MIXED.sequences)   # the bottom MLP's vector too
+    assert fused["features"] == features and fused["pairs"] == features * (features - 1) // 2
+    nodes = forward_nodes(optimized, batches[0][0])
+    assert "PicassoPairwiseDots" in [op for _, op in nodes]
+    assert not [name for name, _ in nodes if name.startswith("dlrm/interaction/")], \
+        "the product, its reshape and its gather are gone"
+    np.testing.assert_allclose(train(optimized, batches), train(baseline, batches), rtol=1e-5, atol=1e-5)
+    test = data.take(np.arange(256)).features
+    np.testing.assert_allclose(optimized.predict(test, verbose=0), baseline.predict(test, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def interaction_model(product, gather=True):
+    """FIELDS embeddings of width DIM, stacked, their self-product (`product`) and, with
+    `gather`, its strictly lower triangle; then a sigmoid unit."""
+    def build():
+        x = {f"f{i}": tf.keras.Input((), dtype="int64", name=f"f{i}") for i in range(FIELDS)}
+        stacked = tf.stack([tf.keras.layers.Embedding(50, DIM)(x[f"f{i}"]) for i in range(FIELDS)], axis=1)
+        z = tf.reshape(product(stacked), [-1, FIELDS * FIELDS])
+        if gather:
+            z = tf.gather(z, [i * FIELDS + j for i in range(FIELDS) for j in range(i)], axis=1)
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(z))
+    return build
+
+
+def interaction_batches(steps):
+    rng = np.random.default_rng(0)
+    return [({f"f{i}": rng.integers(0, 50, BATCH) for i in range(FIELDS)},
+             (rng.random(BATCH) < 0.4).astype("float32")) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("product", [
+    lambda x: tf.matmul(x, x, transpose_b=True),
+    lambda x: tf.matmul(x, tf.transpose(x, [0, 2, 1])),
+], ids=["transpose_b", "explicit_transpose"])
+def test_both_spellings_of_the_transposed_product_are_fused(product):
+    baseline, original = twin_models(interaction_model(product))
+    optimized = picasso.optimize(original)
+    data = interaction_batches(10)
+    assert interactions_report(optimized)["fused"] == [
+        {"gather": interactions_report(optimized)["fused"][0]["gather"], "features": FIELDS,
+         "pairs": FIELDS * (FIELDS - 1) // 2}]
+    np.testing.assert_allclose(train(optimized, data), train(baseline, data), rtol=1e-5, atol=1e-6)
+
+
+def test_other_self_products_are_left_alone_with_the_reason():
+    baseline, original = twin_models(interaction_model(lambda x: tf.matmul(x, x, transpose_b=True),
+                                                       gather=False))
+    optimized = picasso.optimize(original)
+    report = interactions_report(optimized)
+    assert report["fused"] == []
+    [left] = report["left_alone"]
+    assert left["why"] == "the reshaped product is not read by one gather"
+    data = interaction_batches(5)
+    np.testing.assert_allclose(train(optimized, data), train(baseline, data), rtol=1e-5, atol=1e-6)
+
+
+def test_the_pass_can_be_switched_off():
+    _, original = twin_models(interaction_model(lambda x: tf.matmul(x, x, transpose_b=True)))
+    optimized = picasso.optimize(original, interactions=False)
+    assert interactions_report(optimized) == {"pass": "interactions", "enabled": False}
+    assert "PicassoPairwiseDots" not in [op for _, op in forward_nodes(optimized, interaction_batches(1)[0][0])]
