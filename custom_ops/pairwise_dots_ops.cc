@@ -7,13 +7,14 @@
 // batched products and their transposes turn into x's gradient.
 //
 // Here each sample is one work unit that stays in L1. The forward copies its F x d
-// rows transposed ([d, F], F padded to whole chunks of kChunk lanes) and computes the
-// Gram matrix rows it needs, kRowBlock rows at a time: for each k, one chunk of the
-// transposed copy meets kRowBlock broadcast values of x, with the partial sums in
-// vector registers. The gradient, PicassoPairwiseDotsGrad, builds the symmetric F x F
-// matrix S of the output's gradient (S[i][j] and S[j][i] both add grad[b, p] for the
-// pair (i, j)); x's gradient is S x, kRowBlock rows at a time in the same way. Sums
-// run in k (resp. j) order: equal to the batched MatMul's up to rounding.
+// rows transposed ([d, F], F padded to whole vector registers) and computes the Gram
+// matrix rows it needs, kRowBlock rows at a time (RowBlockProduct: for each k, one
+// packet of the transposed copy meets kRowBlock broadcast values of x, the partial
+// sums staying in registers); the wanted entries are read from them. The gradient,
+// PicassoPairwiseDotsGrad, gives feature i the sum of grad[b, p] * x[b, other] over
+// the pairs p that i is in (`other` their other feature; the pairs are sorted by
+// feature once, when the kernel is built). Sums run in their own order: equal to the
+// batched MatMul's up to rounding.
 #define EIGEN_USE_THREADS
 
 #include <algorithm>

@@ -75,6 +75,11 @@ def test_timed_rows_are_interleaved_medians_with_spread(tiny_run):
         assert {"baseline", "picasso", "bound"} <= set(breakdown)
         assert any(e["op"].startswith("Picasso") for e in breakdown["picasso"]["by_type"])
     assert packing["stages"]["unique_rows"] > 0 and packing["stages"]["stages"]
+    # DLRM also runs without the interactions pass: the embedding layer's cost alone
+    dlrm = next(r for r in packing["rows"] if r["name"] == "dlrm_adagrad")
+    assert "error" not in dlrm, dlrm.get("error")
+    assert set(dlrm["variants"]) == {"baseline", "picasso", "no_interactions", "bound"}
+    assert {"no_interactions/baseline", "no_interactions/bound"} <= set(dlrm["ratios"])
 
 
 def test_every_section_has_rows_or_says_why(tiny_run):
