@@ -220,6 +220,21 @@ class PairwiseDotsOp : public OpKernel {
       if (row_end[i] > 0) rows.push_back(i);
     }
     const int64_t f_pad = RoundUp<T>(f);
+    // The output's runs of pairs that are neighbours in the Gram rows ((i, j), (i, j + 1),
+    // ...: a lower triangle has one per row), each copied at once.
+    struct Run {
+      int64_t pair, gram, length;
+    };
+    std::vector<Run> runs;
+    for (int64_t p = 0; p < num_pairs; ++p) {
+      const int64_t at = pairs_.left[p] * f_pad + pairs_.right[p];
+      if (!runs.empty() && runs.back().pair + runs.back().length == p &&
+          runs.back().gram + runs.back().length == at) {
+        ++runs.back().length;
+      } else {
+        runs.push_back({p, at, 1});
+      }
+    }
     const T* in = x.flat<T>().data();
     T* out = output->flat<T>().data();
     ForSampleBlocks(ctx, x, static_cast<int64_t>(rows.size()) * f * d, [&](int64_t b0, int64_t b1) {
@@ -246,7 +261,9 @@ class PairwiseDotsOp : public OpKernel {
           }
         }
         T* ob = out + b * num_pairs;
-        for (int64_t p = 0; p < num_pairs; ++p) ob[p] = gram[pairs_.left[p] * f_pad + pairs_.right[p]];
+        for (const Run& run : runs) {
+          std::copy(gram.data() + run.gram, gram.data() + run.gram + run.length, ob + run.pair);
+        }
       }
     });
   }
@@ -283,11 +300,16 @@ class PairwiseDotsGradOp : public OpKernel {
       using Eigen::internal::pmadd;
       using Eigen::internal::ploadu;
       using Eigen::internal::pset1;
-      std::vector<T> padded(f * d_pad, T(0));
+      // Rows padded to whole packets, unless they are already.
+      std::vector<T> padded(d == d_pad ? 0 : f * d_pad, T(0));
       for (int64_t b = b0; b < b1; ++b) {
         const T* gb = dy + b * num_pairs;
         const T* xb = in + b * f * d;
-        for (int64_t j = 0; j < f; ++j) std::copy(xb + j * d, xb + (j + 1) * d, &padded[j * d_pad]);
+        const T* rows = xb;
+        if (d != d_pad) {
+          for (int64_t j = 0; j < f; ++j) std::copy(xb + j * d, xb + (j + 1) * d, &padded[j * d_pad]);
+          rows = padded.data();
+        }
         T* dxb = dx + b * f * d;
         for (int64_t i = 0; i < f; ++i) {
           const int64_t begin = pairs_.PartnersBegin(i), end = pairs_.PartnersEnd(i);
@@ -296,7 +318,7 @@ class PairwiseDotsGradOp : public OpKernel {
             // other's results.
             const auto term = [&](int64_t e, const Packet<T>& sum) {
               const auto [p, other] = pairs_.partners[e];
-              return pmadd(pset1<Packet<T>>(gb[p]), ploadu<Packet<T>>(&padded[other * d_pad + c]), sum);
+              return pmadd(pset1<Packet<T>>(gb[p]), ploadu<Packet<T>>(rows + other * d_pad + c), sum);
             };
             Packet<T> s0 = pset1<Packet<T>>(T(0)), s1 = s0, s2 = s0, s3 = s0;
             int64_t e = begin;

@@ -29,8 +29,9 @@ def values_and_gradient(op, x, left, right, upstream):
 
 # (batch, features, dim, pairs): DLRM's strictly lower triangle of 27 features of width
 # 16, with the diagonal, d that is not a whole vector register (5, 20), features past
-# 16 lanes (40), a batch large enough to run threaded, an empty batch, and pairs in any
-# order with repeats, with a feature paired with itself, and with unpaired features.
+# 16 lanes (40), a batch large enough to run threaded, an empty batch, pairs in any
+# order with repeats, with a feature paired with itself, and with unpaired features, no
+# pairs, and every pair of 16 features (row after row: one run of the Gram rows).
 CASES = [
     (64, 27, 16, lower_triangle(27)),
     (33, 9, 5, lower_triangle(9, with_diagonal=True)),
@@ -39,6 +40,7 @@ CASES = [
     (0, 6, 16, lower_triangle(6)),
     (17, 7, 3, ([6, 0, 3, 3, 5, 2], [1, 0, 4, 4, 5, 6])),
     (5, 4, 8, ([], [])),
+    (40, 16, 16, ([i for i in range(16) for _ in range(16)], list(range(16)) * 16)),
 ]
 
 
