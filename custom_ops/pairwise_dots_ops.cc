@@ -32,7 +32,6 @@ namespace {
 using ::picasso::kLanes;
 using ::picasso::Packet;
 using ::picasso::RunWorkItems;
-using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
@@ -43,10 +42,10 @@ constexpr int64_t kSamplesPerItem = 64;
 // Below this many multiply-adds, waking threads costs more than it saves.
 constexpr int64_t kMinParallelWork = 1 << 18;
 
-Status PairsShape(InferenceContext* c, DimensionHandle* num_features) {
+// x is [batch, features, dim], and every pair has both its features.
+Status CheckPairs(InferenceContext* c) {
   ShapeHandle x;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &x));
-  *num_features = c->Dim(x, 1);
   std::vector<int64_t> left, right;
   TF_RETURN_IF_ERROR(c->GetAttr("left", &left));
   TF_RETURN_IF_ERROR(c->GetAttr("right", &right));
@@ -64,8 +63,7 @@ REGISTER_OP("PicassoPairwiseDots")
     .Attr("left: list(int) >= 0")
     .Attr("right: list(int) >= 0")
     .SetShapeFn([](InferenceContext* c) {
-      DimensionHandle features;
-      TF_RETURN_IF_ERROR(PairsShape(c, &features));
+      TF_RETURN_IF_ERROR(CheckPairs(c));
       std::vector<int64_t> left;
       TF_RETURN_IF_ERROR(c->GetAttr("left", &left));
       c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), static_cast<int64_t>(left.size())));
@@ -84,8 +82,7 @@ REGISTER_OP("PicassoPairwiseDotsGrad")
     .Attr("left: list(int) >= 0")
     .Attr("right: list(int) >= 0")
     .SetShapeFn([](InferenceContext* c) {
-      DimensionHandle features;
-      TF_RETURN_IF_ERROR(PairsShape(c, &features));
+      TF_RETURN_IF_ERROR(CheckPairs(c));
       c->set_output(0, c->input(0));
       return OkStatus();
     })
