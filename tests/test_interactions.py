@@ -88,14 +88,22 @@ def test_both_spellings_of_the_transposed_product_are_fused(product):
     np.testing.assert_allclose(train(optimized, data), train(baseline, data), rtol=1e-5, atol=1e-6)
 
 
-def test_other_self_products_are_left_alone_with_the_reason():
-    baseline, original = twin_models(interaction_model(lambda x: tf.matmul(x, x, transpose_b=True),
-                                                       gather=False))
+def half_precision_product(x):
+    half = tf.cast(x, tf.float16)
+    return tf.cast(tf.matmul(half, half, transpose_b=True), tf.float32)
+
+
+@pytest.mark.parametrize("product, gather, why", [
+    (lambda x: tf.matmul(x, x, transpose_b=True), False, "the reshaped product is not read by one gather"),
+    (half_precision_product, True, "is float16; the fused kernel takes float32 and float64"),
+], ids=["not_gathered", "float16"])
+def test_other_self_products_are_left_alone_with_the_reason(product, gather, why):
+    baseline, original = twin_models(interaction_model(product, gather=gather))
     optimized = picasso.optimize(original)
     report = interactions_report(optimized)
     assert report["fused"] == []
     [left] = report["left_alone"]
-    assert left["why"] == "the reshaped product is not read by one gather"
+    assert why in left["why"]
     data = interaction_batches(5)
     np.testing.assert_allclose(train(optimized, data), train(baseline, data), rtol=1e-5, atol=1e-6)
 

@@ -71,7 +71,10 @@ def _self_product_operand(index, matmul):
 
 def _gathered_pairs(index, graph, matmul, x):
     """(the GatherV2 node, left, right) of a matched interaction, else why not."""
-    shape = graph.get_tensor_by_name(x).shape
+    operand = graph.get_tensor_by_name(x)
+    if operand.dtype not in (tf.float32, tf.float64):
+        return f"its operand {x} is {operand.dtype.name}; the fused kernel takes float32 and float64"
+    shape = operand.shape
     if shape.rank != 3 or shape[1] is None:
         return f"its operand {x} is not [batch, features, dim] with a static number of features"
     f = shape[1]
