@@ -992,10 +992,7 @@ REGISTER_OP("PicassoPackedLookup")
     .Attr("N: int >= 1")
     .Attr("T: {float, double}")
     .Attr("Tid: {int32, int64}")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
+    PICASSO_SITE_ATTRS
     .SetShapeFn(PackedLookupShape)
     .Doc(R"doc(
 Looks up every site's ids in a packed table [R, D] and pools them per segment.
@@ -1019,10 +1016,7 @@ REGISTER_OP("PicassoPackedLookupGrad")
     .Attr("T: {float, double}")
     .Attr("Tid: {int32, int64}")
     .Attr("num_rows: int >= 0")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
+    PICASSO_SITE_ATTRS
     .SetShapeFn(PackedLookupGradShape)
     .Doc(R"doc(
 The table gradient of PicassoPackedLookup, row-sparse and deterministic.
@@ -1046,13 +1040,9 @@ REGISTER_OP("PicassoStitchedLookup")
     .Attr("Tid: {int32, int64}")
     .Attr("width: int >= 1")
     .Attr("table_index: list(int)")
-    .Attr("columns: list(int)")
-    .Attr("row_blocks: list(int)")
+    PICASSO_STITCH_ATTRS
     .Attr("dense_columns: list(int)")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
+    PICASSO_SITE_ATTRS
     .SetShapeFn(StitchedLookupShape)
     .Doc(R"doc(
 Looks up sites of several packed tables straight into one [rows, width] output.
@@ -1078,12 +1068,8 @@ REGISTER_OP("PicassoStitchedLookupGrad")
     .Attr("table_index: list(int)")
     .Attr("num_rows: list(int)")
     .Attr("dims: list(int)")
-    .Attr("columns: list(int)")
-    .Attr("row_blocks: list(int)")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
+    PICASSO_STITCH_ATTRS
+    PICASSO_SITE_ATTRS
     .SetShapeFn(StitchedLookupGradShape)
     .Doc(R"doc(
 The gradients of the packed tables [num_rows[t], dims[t]] of a PicassoStitchedLookup
@@ -1107,20 +1093,9 @@ REGISTER_OP("PicassoStitchedLookupGradApply")
     .Attr("table_index: list(int)")
     .Attr("num_rows: list(int)")
     .Attr("dims: list(int)")
-    .Attr("columns: list(int)")
-    .Attr("row_blocks: list(int)")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
-    .Attr("optimizer: {'sgd', 'adagrad', 'ftrl', 'adam', 'rmsprop'}")
-    .Attr("num_slots: int >= 0")
-    .Attr("num_table_slots: int >= 0")
-    .Attr("num_hyper: int >= 0")
-    .Attr("hyper_names: list(string)")
-    .Attr("nesterov: bool = false")
-    .Attr("amsgrad: bool = false")
-    .Attr("centered: bool = false")
+    PICASSO_STITCH_ATTRS
+    PICASSO_SITE_ATTRS
+    PICASSO_IN_PLACE_UPDATE_ATTRS
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(

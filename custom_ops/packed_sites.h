@@ -38,6 +38,15 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+// The attributes of a REGISTER_OP that PackedLayout (with combiners) and StitchLayout
+// read: each listed once, so that the ops declaring them cannot drift apart.
+#define PICASSO_SITE_ATTRS                        \
+  .Attr("offsets: list(int)")                     \
+      .Attr("vocab_sizes: list(int)")             \
+      .Attr("combiners: list(string)")            \
+      .Attr("feature_names: list(string)")
+#define PICASSO_STITCH_ATTRS .Attr("columns: list(int)").Attr("row_blocks: list(int)")
+
 // Registers the CPU kernel (the rest of the arguments: a class that may hold commas)
 // of op for one value type T and one id type Tid.
 #define PICASSO_REGISTER_CPU_KERNEL(op, T, Tid, ...)                                    \

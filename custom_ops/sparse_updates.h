@@ -583,6 +583,19 @@ class LockedVariables {
   std::vector<std::unique_ptr<mutex_lock>> locks_;  // released before vars_
 };
 
+// The attributes that InPlaceUpdates reads, for the REGISTER_OP of an op that applies
+// an update in place (after its inputs vars: G * resource, slots: num_table_slots *
+// resource and hyper: num_hyper * T): one list, so that the ops cannot drift apart.
+#define PICASSO_IN_PLACE_UPDATE_ATTRS                                    \
+  .Attr("optimizer: {'sgd', 'adagrad', 'ftrl', 'adam', 'rmsprop'}")      \
+      .Attr("num_slots: int >= 0")                                       \
+      .Attr("num_table_slots: int >= 0")                                 \
+      .Attr("num_hyper: int >= 0")                                       \
+      .Attr("hyper_names: list(string)")                                 \
+      .Attr("nesterov: bool = false")                                    \
+      .Attr("amsgrad: bool = false")                                     \
+      .Attr("centered: bool = false")
+
 // The tables that a gradient kernel updates in place instead of returning their
 // gradients: the op's G "vars", their optimizer slots "slots" (num_slots per table,
 // table by table, in the order the PicassoSparseApply op of `optimizer` takes them)

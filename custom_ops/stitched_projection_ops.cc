@@ -1025,12 +1025,8 @@ REGISTER_OP("PicassoStitchedProjection")
     .Attr("Tid: {int32, int64}")
     .Attr("width: int >= 1")
     .Attr("table_index: list(int)")
-    .Attr("columns: list(int)")
-    .Attr("row_blocks: list(int)")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
+    PICASSO_STITCH_ATTRS
+    PICASSO_SITE_ATTRS
     .SetShapeFn(ProjectionShape)
     .Doc(R"doc(
 The product of a stitched lookup (as PicassoStitchedLookup lays out its sites, in
@@ -1057,12 +1053,8 @@ REGISTER_OP("PicassoStitchedProjectionGrad")
     .Attr("Tid: {int32, int64}")
     .Attr("width: int >= 1")
     .Attr("table_index: list(int)")
-    .Attr("columns: list(int)")
-    .Attr("row_blocks: list(int)")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
+    PICASSO_STITCH_ATTRS
+    PICASSO_SITE_ATTRS
     .SetShapeFn(ProjectionGradShape)
     .Doc(R"doc(
 The gradients of PicassoStitchedProjection from that of its output: per table,
@@ -1087,20 +1079,9 @@ REGISTER_OP("PicassoStitchedProjectionGradApply")
     .Attr("Tid: {int32, int64}")
     .Attr("width: int >= 1")
     .Attr("table_index: list(int)")
-    .Attr("columns: list(int)")
-    .Attr("row_blocks: list(int)")
-    .Attr("offsets: list(int)")
-    .Attr("vocab_sizes: list(int)")
-    .Attr("combiners: list(string)")
-    .Attr("feature_names: list(string)")
-    .Attr("optimizer: {'sgd', 'adagrad', 'ftrl', 'adam', 'rmsprop'}")
-    .Attr("num_slots: int >= 0")
-    .Attr("num_table_slots: int >= 0")
-    .Attr("num_hyper: int >= 0")
-    .Attr("hyper_names: list(string)")
-    .Attr("nesterov: bool = false")
-    .Attr("amsgrad: bool = false")
-    .Attr("centered: bool = false")
+    PICASSO_STITCH_ATTRS
+    PICASSO_SITE_ATTRS
+    PICASSO_IN_PLACE_UPDATE_ATTRS
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(1));
