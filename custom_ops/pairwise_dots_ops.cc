@@ -6,15 +6,16 @@
 // floats, and its gradient scatters them back into a [B, F, F] tensor that two
 // batched products and their transposes turn into x's gradient.
 //
-// Here each sample is one work unit that stays in L1. The forward copies its F x d
-// rows transposed ([d, F], F padded to whole vector registers) and computes the Gram
-// matrix rows it needs, kRowBlock rows at a time (RowBlockProduct: for each k, one
-// packet of the transposed copy meets kRowBlock broadcast values of x, the partial
-// sums staying in registers); the wanted entries are read from them. The gradient,
-// PicassoPairwiseDotsGrad, gives feature i the sum of grad[b, p] * x[b, other] over
-// the pairs p that i is in (`other` their other feature; the pairs are sorted by
-// feature once, when the kernel is built). Sums run in their own order: equal to the
-// batched MatMul's up to rounding.
+// Both kernels here put one sample in each lane of a vector register: a block of
+// kLanes samples is transposed into [F * d][kLanes] (ToLanes, kLanes x kLanes at a
+// time), so that every multiply-add does useful work for kLanes samples and no
+// dot product needs a horizontal sum, whatever F and d are. The forward takes the
+// pairs grouped by left feature, kDotGroup at a time, so that the left row is loaded
+// once for the group; the gradient, PicassoPairwiseDotsGrad, gives feature i the sum
+// of grad[b, p] * x[b, other] over the pairs p that i is in (`other` their other
+// feature; the pairs are sorted by feature once, when the kernel is built). Results
+// are transposed back (FromLanes). Sums run in their own order: equal to the batched
+// MatMul's up to rounding.
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
@@ -24,6 +25,12 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+
+// Eigen's PacketBlock<__m512, 16> drops the vector type's alignment attribute from the
+// template argument (harmless: the packets live in registers), and GCC cannot see that
+// the intrinsics' undefined upper halves in Eigen's transposes are always overwritten.
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace tensorflow {
 namespace picasso {
@@ -35,8 +42,6 @@ using ::picasso::RunWorkItems;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-// Rows whose partial sums stay in vector registers together.
-constexpr int kRowBlock = 4;
 // Samples per work item: enough to pay for claiming it.
 constexpr int64_t kSamplesPerItem = 64;
 // Below this many multiply-adds, waking threads costs more than it saves.
@@ -159,115 +164,165 @@ struct Pairs {
   std::vector<std::pair<int64_t, int64_t>> partners;
 };
 
-// n rounded up to whole packets of T.
+// A block of kLanes<T> samples, one per lane, with its scratch buffers (aligned, so that
+// every packet of them is).
 template <typename T>
-int64_t RoundUp(int64_t n) {
-  return (n + kLanes<T> - 1) / kLanes<T> * kLanes<T>;
-}
+using LaneBuffer = std::vector<T, Eigen::aligned_allocator<T>>;
 
-// out[q, 0:kLanes) = sum_k a[q, k] * b[k, 0:kLanes) for the kRowBlock rows q, where
-// a[q, k] = a_rows[q][k] and b[k] starts at b + k * b_stride: the partial sums of the
-// rows stay in registers, each b packet is loaded once for all of them.
+// dst[c * kLanes + s] = rows[s][c] for c < n and s < kLanes: kLanes rows of n values
+// become n packets holding one row in each lane.
 template <typename T>
-void RowBlockProduct(const T* const* a_rows, int64_t n, const T* b,
-                     int64_t b_stride, Packet<T>* out) {
-  using Eigen::internal::pmadd;
-  using Eigen::internal::ploadu;
-  using Eigen::internal::pset1;
-  for (int q = 0; q < kRowBlock; ++q) out[q] = pset1<Packet<T>>(T(0));
-  for (int64_t k = 0; k < n; ++k) {
-    const Packet<T> bk = ploadu<Packet<T>>(b + k * b_stride);
-    for (int q = 0; q < kRowBlock; ++q) {
-      out[q] = pmadd(pset1<Packet<T>>(a_rows[q][k]), bk, out[q]);
-    }
+void ToLanes(const T* const* rows, int64_t n, T* dst) {
+  constexpr int kL = kLanes<T>;
+  Eigen::internal::PacketBlock<Packet<T>, kL> block;
+  int64_t c = 0;
+  for (; c + kL <= n; c += kL) {
+    for (int s = 0; s < kL; ++s) block.packet[s] = Eigen::internal::ploadu<Packet<T>>(rows[s] + c);
+    Eigen::internal::ptranspose(block);
+    for (int t = 0; t < kL; ++t) Eigen::internal::pstore(dst + (c + t) * kL, block.packet[t]);
+  }
+  for (; c < n; ++c) {
+    for (int s = 0; s < kL; ++s) dst[c * kL + s] = rows[s][c];
   }
 }
 
-// Runs fn(first_sample, end_sample) over the batch of x [B, F, d] in work items of
-// kSamplesPerItem samples, on the intra-op pool when the work is large enough.
-template <typename Fn>
-void ForSampleBlocks(OpKernelContext* ctx, const Tensor& x, int64_t work_per_sample, const Fn& fn) {
-  const int64_t batch = x.dim_size(0);
+// The inverse of ToLanes for the first `valid` rows: rows[s][c] = src[c * kLanes + s].
+template <typename T>
+void FromLanes(const T* src, int64_t n, T* const* rows, int valid) {
+  constexpr int kL = kLanes<T>;
+  Eigen::internal::PacketBlock<Packet<T>, kL> block;
+  int64_t c = 0;
+  for (; c + kL <= n; c += kL) {
+    for (int t = 0; t < kL; ++t) block.packet[t] = Eigen::internal::pload<Packet<T>>(src + (c + t) * kL);
+    Eigen::internal::ptranspose(block);
+    for (int s = 0; s < valid; ++s) Eigen::internal::pstoreu(rows[s] + c, block.packet[s]);
+  }
+  for (; c < n; ++c) {
+    for (int s = 0; s < valid; ++s) rows[s][c] = src[c * kL + s];
+  }
+}
+
+// Runs fn(samples, valid, scratch) for each block of kLanes<T> samples of the batch, on
+// the intra-op pool (work items of kSamplesPerItem samples) when the work is large
+// enough. samples[s] is the batch index of lane s; a short last block repeats its last
+// sample in the lanes from `valid` on, so that every lane reads real data. scratch
+// holds scratch_size aligned values, the work item's own.
+template <typename T, typename Fn>
+void ForLaneBlocks(OpKernelContext* ctx, int64_t batch, int64_t work_per_sample,
+                   int64_t scratch_size, const Fn& fn) {
+  constexpr int kL = kLanes<T>;
+  static_assert(kSamplesPerItem % kL == 0, "work items must hold whole lane blocks");
   const int64_t items = (batch + kSamplesPerItem - 1) / kSamplesPerItem;
-  RunWorkItems(ctx, items, batch * work_per_sample >= kMinParallelWork, [&](int64_t k) {
-    fn(k * kSamplesPerItem, std::min(batch, (k + 1) * kSamplesPerItem));
+  RunWorkItems(ctx, items, batch * work_per_sample >= kMinParallelWork, [&](int64_t item) {
+    LaneBuffer<T> scratch(scratch_size);
+    const int64_t end = std::min(batch, (item + 1) * kSamplesPerItem);
+    for (int64_t b = item * kSamplesPerItem; b < end; b += kL) {
+      int64_t samples[kL];
+      for (int s = 0; s < kL; ++s) samples[s] = std::min(b + s, end - 1);
+      fn(samples, static_cast<int>(std::min<int64_t>(kL, end - b)), scratch.data());
+    }
   });
 }
+
+// Pairs that share their left feature, computed together so that the left row is
+// loaded once for all of them (a short group repeats its last pair, whose copy
+// writes a scratch slot).
+constexpr int kDotGroup = 4;
+struct DotGroup {
+  int64_t left;
+  int64_t right[kDotGroup];
+  int64_t out[kDotGroup];
+};
 
 template <typename T>
 class PairwiseDotsOp : public OpKernel {
  public:
-  explicit PairwiseDotsOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, pairs_.Init(c)); }
+  explicit PairwiseDotsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, pairs_.Init(c));
+    std::vector<int64_t> order(pairs_.size());
+    for (int64_t p = 0; p < pairs_.size(); ++p) order[p] = p;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return pairs_.left[a] < pairs_.left[b]; });
+    for (size_t e = 0; e < order.size();) {
+      DotGroup group{pairs_.left[order[e]], {}, {}};
+      for (int w = 0; w < kDotGroup; ++w) {
+        const bool own = e < order.size() && pairs_.left[order[e]] == group.left;
+        group.right[w] = own ? pairs_.right[order[e]] : group.right[w - 1];
+        group.out[w] = own ? order[e++] : pairs_.size();  // past the last pair: scratch
+      }
+      groups_.push_back(group);
+    }
+  }
 
   void Compute(OpKernelContext* ctx) override {
+    constexpr int kL = kLanes<T>;
+    using Eigen::internal::pload;
+    using Eigen::internal::pmadd;
+    using Eigen::internal::pset1;
+    using Eigen::internal::pstore;
     const Tensor& x = ctx->input(0);
     OP_REQUIRES_OK(ctx, pairs_.Check("PicassoPairwiseDots", x));
     const int64_t batch = x.dim_size(0), f = x.dim_size(1), d = x.dim_size(2);
     const int64_t num_pairs = pairs_.size();
     Tensor* output;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, num_pairs}), &output));
-    // Gram rows are needed only for the features that are some pair's left side, and
-    // each only up to its largest right side (the lower triangle: half of them).
-    std::vector<int64_t> row_end(f, 0);
-    for (int64_t p = 0; p < num_pairs; ++p) {
-      row_end[pairs_.left[p]] = std::max(row_end[pairs_.left[p]], pairs_.right[p] + 1);
-    }
-    std::vector<int64_t> rows;
-    for (int64_t i = 0; i < f; ++i) {
-      if (row_end[i] > 0) rows.push_back(i);
-    }
-    const int64_t f_pad = RoundUp<T>(f);
-    // The output's runs of pairs that are neighbours in the Gram rows ((i, j), (i, j + 1),
-    // ...: a lower triangle has one per row), each copied at once.
-    struct Run {
-      int64_t pair, gram, length;
-    };
-    std::vector<Run> runs;
-    for (int64_t p = 0; p < num_pairs; ++p) {
-      const int64_t at = pairs_.left[p] * f_pad + pairs_.right[p];
-      if (!runs.empty() && runs.back().pair + runs.back().length == p &&
-          runs.back().gram + runs.back().length == at) {
-        ++runs.back().length;
-      } else {
-        runs.push_back({p, at, 1});
-      }
-    }
     const T* in = x.flat<T>().data();
     T* out = output->flat<T>().data();
-    ForSampleBlocks(ctx, x, static_cast<int64_t>(rows.size()) * f * d, [&](int64_t b0, int64_t b1) {
-      std::vector<T> transposed(d * f_pad, T(0)), gram(f * f_pad);
-      Packet<T> sums[kRowBlock];
-      for (int64_t b = b0; b < b1; ++b) {
-        const T* xb = in + b * f * d;
-        for (int64_t j = 0; j < f; ++j) {
-          for (int64_t k = 0; k < d; ++k) transposed[k * f_pad + j] = xb[j * d + k];
-        }
-        for (size_t r = 0; r < rows.size(); r += kRowBlock) {
-          const T* a_rows[kRowBlock];
-          int64_t block[kRowBlock], end = 0;
-          for (int q = 0; q < kRowBlock; ++q) {  // a short last block repeats its last row
-            block[q] = rows[std::min(r + q, rows.size() - 1)];
-            a_rows[q] = xb + block[q] * d;
-            end = std::max(end, row_end[block[q]]);
-          }
-          for (int64_t c = 0; c < end; c += kLanes<T>) {
-            RowBlockProduct(a_rows, d, transposed.data() + c, f_pad, sums);
-            for (int q = 0; q < kRowBlock; ++q) {
-              Eigen::internal::pstoreu(gram.data() + block[q] * f_pad + c, sums[q]);
-            }
-          }
-        }
-        T* ob = out + b * num_pairs;
-        for (const Run& run : runs) {
-          std::copy(gram.data() + run.gram, gram.data() + run.gram + run.length, ob + run.pair);
-        }
+    // Scratch: x's block in lanes ([f * d][kL]), then the dot products ([pairs + 1][kL],
+    // the last for the repeated pairs of short groups).
+    const int64_t dots_at = f * d * kL;
+    ForLaneBlocks<T>(ctx, batch, num_pairs * d, dots_at + (num_pairs + 1) * kL,
+                     [&](const int64_t* samples, int valid, T* scratch) {
+      const T* xt = scratch;
+      T* dots = scratch + dots_at;
+      const T* x_rows[kL];
+      T* out_rows[kL];
+      for (int s = 0; s < kL; ++s) {
+        x_rows[s] = in + samples[s] * f * d;
+        out_rows[s] = out + samples[s] * num_pairs;
       }
+      ToLanes(x_rows, f * d, scratch);
+      for (const DotGroup& g : groups_) {
+        const T* a = xt + g.left * d * kL;
+        const T* b[kDotGroup];
+        Packet<T> sums[kDotGroup];
+        for (int w = 0; w < kDotGroup; ++w) {
+          b[w] = xt + g.right[w] * d * kL;
+          sums[w] = pset1<Packet<T>>(T(0));
+        }
+        for (int64_t k = 0; k < d; ++k) {
+          const Packet<T> ak = pload<Packet<T>>(a + k * kL);
+          for (int w = 0; w < kDotGroup; ++w) sums[w] = pmadd(ak, pload<Packet<T>>(b[w] + k * kL), sums[w]);
+        }
+        for (int w = 0; w < kDotGroup; ++w) pstore(dots + g.out[w] * kL, sums[w]);
+      }
+      FromLanes(dots, num_pairs, out_rows, valid);
     });
   }
 
  private:
   Pairs pairs_;
+  std::vector<DotGroup> groups_;
 };
+
+// dxt[k][lanes] = sum over feature i's entries (p, other) of gt[p] * xt[other * d + k]
+// for the kWidth columns k of [k0, k0 + kWidth), the sums in registers.
+template <int kWidth, typename T>
+void SumPartnerColumns(const Pairs& pairs, int64_t i, int64_t d, int64_t k0, const T* gt,
+                       const T* xt, T* dxt) {
+  constexpr int kL = kLanes<T>;
+  using Eigen::internal::pload;
+  using Eigen::internal::pmadd;
+  Packet<T> sums[kWidth];
+  for (int w = 0; w < kWidth; ++w) sums[w] = Eigen::internal::pset1<Packet<T>>(T(0));
+  for (int64_t e = pairs.PartnersBegin(i), end = pairs.PartnersEnd(i); e < end; ++e) {
+    const auto [p, other] = pairs.partners[e];
+    const Packet<T> g = pload<Packet<T>>(gt + p * kL);
+    const T* column = xt + (other * d + k0) * kL;
+    for (int w = 0; w < kWidth; ++w) sums[w] = pmadd(g, pload<Packet<T>>(column + w * kL), sums[w]);
+  }
+  for (int w = 0; w < kWidth; ++w) Eigen::internal::pstore(dxt + (i * d + k0 + w) * kL, sums[w]);
+}
 
 template <typename T>
 class PairwiseDotsGradOp : public OpKernel {
@@ -277,6 +332,7 @@ class PairwiseDotsGradOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    constexpr int kL = kLanes<T>;
     const Tensor& x = ctx->input(0);
     const Tensor& grad = ctx->input(1);
     OP_REQUIRES_OK(ctx, pairs_.Check("PicassoPairwiseDotsGrad", x));
@@ -291,47 +347,31 @@ class PairwiseDotsGradOp : public OpKernel {
     const T* in = x.flat<T>().data();
     const T* dy = grad.flat<T>().data();
     T* dx = x_grad->flat<T>().data();
-    const int64_t d_pad = RoundUp<T>(d);
-    ForSampleBlocks(ctx, x, 2 * num_pairs * d, [&](int64_t b0, int64_t b1) {
-      using Eigen::internal::padd;
-      using Eigen::internal::pmadd;
-      using Eigen::internal::ploadu;
-      using Eigen::internal::pset1;
-      // Rows padded to whole packets, unless they are already.
-      std::vector<T> padded(d == d_pad ? 0 : f * d_pad, T(0));
-      for (int64_t b = b0; b < b1; ++b) {
-        const T* gb = dy + b * num_pairs;
-        const T* xb = in + b * f * d;
-        const T* rows = xb;
-        if (d != d_pad) {
-          for (int64_t j = 0; j < f; ++j) std::copy(xb + j * d, xb + (j + 1) * d, &padded[j * d_pad]);
-          rows = padded.data();
-        }
-        T* dxb = dx + b * f * d;
-        for (int64_t i = 0; i < f; ++i) {
-          const int64_t begin = pairs_.PartnersBegin(i), end = pairs_.PartnersEnd(i);
-          for (int64_t c = 0; c < d; c += kLanes<T>) {
-            // Four interleaved sums, so that the multiply-adds do not wait on each
-            // other's results.
-            const auto term = [&](int64_t e, const Packet<T>& sum) {
-              const auto [p, other] = pairs_.partners[e];
-              return pmadd(pset1<Packet<T>>(gb[p]), ploadu<Packet<T>>(rows + other * d_pad + c), sum);
-            };
-            Packet<T> s0 = pset1<Packet<T>>(T(0)), s1 = s0, s2 = s0, s3 = s0;
-            int64_t e = begin;
-            for (; e + 4 <= end; e += 4) {
-              s0 = term(e, s0);
-              s1 = term(e + 1, s1);
-              s2 = term(e + 2, s2);
-              s3 = term(e + 3, s3);
-            }
-            for (; e < end; ++e) s0 = term(e, s0);
-            T lanes[kLanes<T>];
-            Eigen::internal::pstoreu(lanes, padd(padd(s0, s1), padd(s2, s3)));
-            std::copy(lanes, lanes + std::min(kLanes<T>, d - c), dxb + i * d + c);
-          }
-        }
+    // Scratch, all in lanes: x's block [f * d][kL], its gradient's, and grad's [pairs][kL].
+    const int64_t rows_size = f * d * kL;
+    ForLaneBlocks<T>(ctx, batch, 2 * num_pairs * d, 2 * rows_size + num_pairs * kL,
+                     [&](const int64_t* samples, int valid, T* scratch) {
+      T* xt = scratch;
+      T* dxt = scratch + rows_size;
+      T* gt = scratch + 2 * rows_size;
+      const T* x_rows[kL];
+      const T* grad_rows[kL];
+      T* dx_rows[kL];
+      for (int s = 0; s < kL; ++s) {
+        x_rows[s] = in + samples[s] * f * d;
+        grad_rows[s] = dy + samples[s] * num_pairs;
+        dx_rows[s] = dx + samples[s] * f * d;
       }
+      ToLanes(x_rows, f * d, xt);
+      ToLanes(grad_rows, num_pairs, gt);
+      for (int64_t i = 0; i < f; ++i) {
+        int64_t k = 0;  // 8 columns at a time, then 4, 2, 1: the sums fit in registers
+        for (; k + 8 <= d; k += 8) SumPartnerColumns<8>(pairs_, i, d, k, gt, xt, dxt);
+        if (k + 4 <= d) SumPartnerColumns<4>(pairs_, i, d, k, gt, xt, dxt), k += 4;
+        if (k + 2 <= d) SumPartnerColumns<2>(pairs_, i, d, k, gt, xt, dxt), k += 2;
+        if (k < d) SumPartnerColumns<1>(pairs_, i, d, k, gt, xt, dxt);
+      }
+      FromLanes(dxt, f * d, dx_rows, valid);
     });
   }
 
