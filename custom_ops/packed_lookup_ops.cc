@@ -435,18 +435,7 @@ class StitchedLookupOp : public OpKernel {
       dense_width[m] = rows > 0 ? dense[m].NumElements() / rows : 0;
       spans.push_back({dense_columns_[m], dense_width[m]});
     }
-    std::sort(spans.begin(), spans.end());
-    int64_t covered = 0;
-    for (const auto& [column, span] : spans) {
-      OP_REQUIRES(ctx, column == covered || rows == 0,
-                  errors::InvalidArgument(kStitchedOp, ": the inputs must fill columns [0, ",
-                                          width_, ") exactly once; column ", covered,
-                                          " is followed by one at ", column));
-      covered += span;
-    }
-    OP_REQUIRES(ctx, covered == width_ || rows == 0,
-                errors::InvalidArgument(kStitchedOp, ": the inputs fill ", covered,
-                                        " columns, not width ", width_));
+    OP_REQUIRES_OK(ctx, ::picasso::CheckColumnsFilled(kStitchedOp, spans, width_, rows));
     OP_REQUIRES_OK(ctx,
                    RunLookup(ctx, kStitchedOp, layout_, sites, site_tables, dims, places, rows));
     // Dense inputs: row r of input m to row r, columns from dense_columns[m].

@@ -42,6 +42,9 @@ using ::picasso::RunWorkItems;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+constexpr char kDotsOp[] = "PicassoPairwiseDots";
+constexpr char kGradOp[] = "PicassoPairwiseDotsGrad";
+
 // Samples per work item: enough to pay for claiming it.
 constexpr int64_t kSamplesPerItem = 64;
 // Below this many multiply-adds, waking threads costs more than it saves.
@@ -63,20 +66,28 @@ Status CheckPairs(InferenceContext* c) {
 
 REGISTER_OP("PicassoPairwiseDots")
     .Input("x: T")
+    .Input("dense: M * T")
     .Output("output: T")
     .Attr("T: {float, double}")
+    .Attr("M: int >= 0")
     .Attr("left: list(int) >= 0")
     .Attr("right: list(int) >= 0")
+    .Attr("pairs_column: int >= 0")
+    .Attr("dense_columns: list(int)")
+    .Attr("width: int >= 0")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(CheckPairs(c));
-      std::vector<int64_t> left;
-      TF_RETURN_IF_ERROR(c->GetAttr("left", &left));
-      c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), static_cast<int64_t>(left.size())));
+      int64_t width;
+      TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+      c->set_output(0, c->Matrix(c->Dim(c->input(0), 0), width));
       return OkStatus();
     })
     .Doc(R"doc(
-For x [B, F, d], the output [B, P] holds the dot products of the feature pairs
-(left[p], right[p]) of every sample.
+For x [B, F, d], the output [B, width] holds the dot products of the feature pairs
+(left[p], right[p]) of every sample in columns [pairs_column, pairs_column + P), and
+dense input m ([B, w_m]) in columns [dense_columns[m], dense_columns[m] + w_m): the
+concatenation a model makes of them, built without the copy. Together they fill
+every column once.
 )doc");
 
 REGISTER_OP("PicassoPairwiseDotsGrad")
@@ -86,6 +97,7 @@ REGISTER_OP("PicassoPairwiseDotsGrad")
     .Attr("T: {float, double}")
     .Attr("left: list(int) >= 0")
     .Attr("right: list(int) >= 0")
+    .Attr("pairs_column: int >= 0")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(CheckPairs(c));
       c->set_output(0, c->input(0));
@@ -93,7 +105,7 @@ REGISTER_OP("PicassoPairwiseDotsGrad")
     })
     .Doc(R"doc(
 The gradient of PicassoPairwiseDots with respect to x, given the gradient of its
-output [B, P].
+output [B, width]: the pairs' columns are read in place.
 )doc");
 
 // The op's pairs, checked against the features of its input.
@@ -239,6 +251,14 @@ class PairwiseDotsOp : public OpKernel {
  public:
   explicit PairwiseDotsOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, pairs_.Init(c));
+    OP_REQUIRES_OK(c, c->GetAttr("pairs_column", &pairs_column_));
+    OP_REQUIRES_OK(c, c->GetAttr("width", &width_));
+    OP_REQUIRES_OK(c, c->GetAttr("dense_columns", &dense_columns_));
+    int num_dense;
+    OP_REQUIRES_OK(c, c->GetAttr("M", &num_dense));
+    OP_REQUIRES(c, dense_columns_.size() == num_dense,
+                errors::InvalidArgument(kDotsOp, ": dense_columns needs one entry per dense input (",
+                                        num_dense, "); got ", dense_columns_.size()));
     std::vector<int64_t> order(pairs_.size());
     for (int64_t p = 0; p < pairs_.size(); ++p) order[p] = p;
     std::stable_sort(order.begin(), order.end(),
@@ -261,11 +281,22 @@ class PairwiseDotsOp : public OpKernel {
     using Eigen::internal::pset1;
     using Eigen::internal::pstore;
     const Tensor& x = ctx->input(0);
-    OP_REQUIRES_OK(ctx, pairs_.Check("PicassoPairwiseDots", x));
+    OpInputList dense;
+    OP_REQUIRES_OK(ctx, ctx->input_list("dense", &dense));
+    OP_REQUIRES_OK(ctx, pairs_.Check(kDotsOp, x));
     const int64_t batch = x.dim_size(0), f = x.dim_size(1), d = x.dim_size(2);
     const int64_t num_pairs = pairs_.size();
+    std::vector<std::pair<int64_t, int64_t>> spans = {{pairs_column_, num_pairs}};
+    for (int m = 0; m < dense.size(); ++m) {
+      OP_REQUIRES(ctx, dense[m].dims() == 2 && dense[m].dim_size(0) == batch,
+                  errors::InvalidArgument(kDotsOp, ": dense input ", m, " must be [", batch,
+                                          ", width] (x's batch); got shape ",
+                                          dense[m].shape().DebugString()));
+      spans.push_back({dense_columns_[m], dense[m].dim_size(1)});
+    }
+    OP_REQUIRES_OK(ctx, ::picasso::CheckColumnsFilled(kDotsOp, spans, width_, batch));
     Tensor* output;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, num_pairs}), &output));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, width_}), &output));
     const T* in = x.flat<T>().data();
     T* out = output->flat<T>().data();
     // Scratch: x's block in lanes ([f * d][kL]), then the dot products ([pairs + 1][kL],
@@ -279,7 +310,7 @@ class PairwiseDotsOp : public OpKernel {
       T* out_rows[kL];
       for (int s = 0; s < kL; ++s) {
         x_rows[s] = in + samples[s] * f * d;
-        out_rows[s] = out + samples[s] * num_pairs;
+        out_rows[s] = out + samples[s] * width_ + pairs_column_;
       }
       ToLanes(x_rows, f * d, scratch);
       for (const DotGroup& g : groups_) {
@@ -297,12 +328,21 @@ class PairwiseDotsOp : public OpKernel {
         for (int w = 0; w < kDotGroup; ++w) pstore(dots + g.out[w] * kL, sums[w]);
       }
       FromLanes(dots, num_pairs, out_rows, valid);
+      for (int m = 0; m < dense.size(); ++m) {
+        const int64_t w = dense[m].dim_size(1);
+        const T* src = dense[m].flat<T>().data();
+        for (int s = 0; s < valid; ++s) {
+          std::copy_n(src + samples[s] * w, w, out + samples[s] * width_ + dense_columns_[m]);
+        }
+      }
     });
   }
 
  private:
   Pairs pairs_;
   std::vector<DotGroup> groups_;
+  int64_t pairs_column_, width_;
+  std::vector<int64_t> dense_columns_;
 };
 
 // dxt[k][lanes] = sum over feature i's entries (p, other) of gt[p] * xt[other * d + k]
@@ -329,19 +369,22 @@ class PairwiseDotsGradOp : public OpKernel {
  public:
   explicit PairwiseDotsGradOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, pairs_.Init(c));
+    OP_REQUIRES_OK(c, c->GetAttr("pairs_column", &pairs_column_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     constexpr int kL = kLanes<T>;
     const Tensor& x = ctx->input(0);
     const Tensor& grad = ctx->input(1);
-    OP_REQUIRES_OK(ctx, pairs_.Check("PicassoPairwiseDotsGrad", x));
+    OP_REQUIRES_OK(ctx, pairs_.Check(kGradOp, x));
     const int64_t batch = x.dim_size(0), f = x.dim_size(1), d = x.dim_size(2);
     const int64_t num_pairs = pairs_.size();
-    OP_REQUIRES(ctx, grad.shape() == TensorShape({batch, num_pairs}),
-                errors::InvalidArgument("PicassoPairwiseDotsGrad: grad must be [", batch, ", ",
-                                        num_pairs, "] (batch, pairs); got ",
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch &&
+                         grad.dim_size(1) >= pairs_column_ + num_pairs,
+                errors::InvalidArgument(kGradOp, ": grad must be [", batch, ", width] with its ",
+                                        num_pairs, " pairs from column ", pairs_column_, "; got ",
                                         grad.shape().DebugString()));
+    const int64_t grad_width = grad.dim_size(1);
     Tensor* x_grad;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &x_grad));
     const T* in = x.flat<T>().data();
@@ -359,7 +402,7 @@ class PairwiseDotsGradOp : public OpKernel {
       T* dx_rows[kL];
       for (int s = 0; s < kL; ++s) {
         x_rows[s] = in + samples[s] * f * d;
-        grad_rows[s] = dy + samples[s] * num_pairs;
+        grad_rows[s] = dy + samples[s] * grad_width + pairs_column_;
         dx_rows[s] = dx + samples[s] * f * d;
       }
       ToLanes(x_rows, f * d, xt);
@@ -377,6 +420,7 @@ class PairwiseDotsGradOp : public OpKernel {
 
  private:
   Pairs pairs_;
+  int64_t pairs_column_;
 };
 
 #define PICASSO_REGISTER_PAIRWISE_DOTS(T)                                                   \

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "Eigen/Core"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -55,6 +57,30 @@ void RunWorkItems(tensorflow::OpKernelContext* ctx, int64_t num_items, bool para
   }
   drain(state.get());
   state->all_finished.WaitForNotification();
+}
+
+// Checks that the column spans (first column, number of columns) of the parts of a
+// stitched [rows, width] output fill every column exactly once (else the output would
+// hold garbage). With no rows there is nothing to fill.
+inline tensorflow::Status CheckColumnsFilled(const char* op,
+                                             std::vector<std::pair<int64_t, int64_t>> spans,
+                                             int64_t width, int64_t rows) {
+  if (rows == 0) return tensorflow::OkStatus();
+  std::sort(spans.begin(), spans.end());
+  int64_t covered = 0;
+  for (const auto& [column, span] : spans) {
+    if (column != covered) {
+      return tensorflow::errors::InvalidArgument(op, ": the inputs must fill columns [0, ", width,
+                                                 ") exactly once; column ", covered,
+                                                 " is followed by one at ", column);
+    }
+    covered += span;
+  }
+  if (covered != width) {
+    return tensorflow::errors::InvalidArgument(op, ": the inputs fill ", covered,
+                                               " columns, not width ", width);
+  }
+  return tensorflow::OkStatus();
 }
 
 // Calls fn(std::integral_constant<int64_t, kD>()) with kD = d for the usual embedding

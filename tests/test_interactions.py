@@ -45,27 +45,48 @@ def test_the_zoo_dlrm_interaction_is_fused_and_trains_like_the_baseline(packing)
     [fused] = interactions_report(optimized)["fused"]
     features = 1 + len(MIXED.categorical) + len(MIXED.sequences)   # the bottom MLP's vector too
     assert fused["features"] == features and fused["pairs"] == features * (features - 1) // 2
+    assert fused["concat"] is not None, "the top MLP's input is the fused kernel's output"
     nodes = forward_nodes(optimized, batches[0][0])
     assert "PicassoPairwiseDots" in [op for _, op in nodes]
     assert not [name for name, _ in nodes if name.startswith("dlrm/interaction/")], \
         "the product, its reshape and its gather are gone"
+    assert fused["concat"] not in [name for name, _ in nodes], "and the concatenation"
     np.testing.assert_allclose(train(optimized, batches), train(baseline, batches), rtol=1e-5, atol=1e-5)
     test = data.take(np.arange(256)).features
     np.testing.assert_allclose(optimized.predict(test, verbose=0), baseline.predict(test, verbose=0),
                                rtol=1e-5, atol=1e-6)
 
 
-def interaction_model(product, gather=True):
+def interaction_model(product, gather=True, head=lambda z, stacked: z):
     """FIELDS embeddings of width DIM, stacked, their self-product (`product`) and, with
-    `gather`, its strictly lower triangle; then a sigmoid unit."""
+    `gather`, its strictly lower triangle; then a sigmoid unit on head(products, stacked)."""
     def build():
         x = {f"f{i}": tf.keras.Input((), dtype="int64", name=f"f{i}") for i in range(FIELDS)}
         stacked = tf.stack([tf.keras.layers.Embedding(50, DIM)(x[f"f{i}"]) for i in range(FIELDS)], axis=1)
         z = tf.reshape(product(stacked), [-1, FIELDS * FIELDS])
         if gather:
             z = tf.gather(z, [i * FIELDS + j for i in range(FIELDS) for j in range(i)], axis=1)
-        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(z))
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(head(z, stacked)))
     return build
+
+
+def beside_a_projection(z, stacked):
+    return tf.concat([tf.keras.layers.Dense(3)(tf.reshape(stacked, [-1, FIELDS * DIM])), z], axis=1)
+
+
+@pytest.mark.parametrize("head, fused_concat", [
+    (beside_a_projection, True),
+    (lambda z, stacked: beside_a_projection(z, stacked) + tf.reduce_sum(z, axis=1, keepdims=True), False),
+], ids=["concatenated", "also_read_elsewhere"])
+def test_a_concatenation_of_the_products_is_written_by_the_kernel(head, fused_concat):
+    baseline, original = twin_models(interaction_model(lambda x: tf.matmul(x, x, transpose_b=True), head=head))
+    optimized = picasso.optimize(original)
+    [fused] = interactions_report(optimized)["fused"]
+    assert (fused["concat"] is not None) == fused_concat
+    nodes = forward_nodes(optimized, interaction_batches(1)[0][0])
+    assert ("ConcatV2" in [op for _, op in nodes]) != fused_concat
+    data = interaction_batches(10)
+    np.testing.assert_allclose(train(optimized, data), train(baseline, data), rtol=1e-5, atol=1e-6)
 
 
 def interaction_batches(steps):
@@ -83,7 +104,7 @@ def test_both_spellings_of_the_transposed_product_are_fused(product):
     optimized = picasso.optimize(original)
     data = interaction_batches(10)
     assert interactions_report(optimized)["fused"] == [
-        {"gather": interactions_report(optimized)["fused"][0]["gather"], "features": FIELDS,
+        {"gather": interactions_report(optimized)["fused"][0]["gather"], "concat": None, "features": FIELDS,
          "pairs": FIELDS * (FIELDS - 1) // 2}]
     np.testing.assert_allclose(train(optimized, data), train(baseline, data), rtol=1e-5, atol=1e-6)
 

@@ -28,10 +28,11 @@ def values_and_gradient(op, x, left, right, upstream):
 
 
 # (batch, features, dim, pairs): DLRM's strictly lower triangle of 27 features of width
-# 16, with the diagonal, d that is not a whole vector register (5, 20), features past
-# 16 lanes (40), a batch large enough to run threaded, an empty batch, pairs in any
-# order with repeats, with a feature paired with itself, and with unpaired features, no
-# pairs, and every pair of 16 features (row after row: one run of the Gram rows).
+# 16, with the diagonal, F * d and pair counts that are not whole vector registers
+# (9 x 5, 7 x 3), features past 16 lanes (40), a batch large enough to run threaded,
+# batches that end in a part of a block of lanes (33, 17, 5, 3000), an empty batch,
+# pairs in any order with repeats, with a feature paired with itself, and with unpaired
+# features, no pairs, and every pair of 16 features.
 CASES = [
     (64, 27, 16, lower_triangle(27)),
     (33, 9, 5, lower_triangle(9, with_diagonal=True)),
@@ -79,3 +80,43 @@ def test_errors_name_the_pair_and_the_shape():
         pairwise_dots(x, [1, 2], [0])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"x must be \[batch, features, dim\]; got shape \[2,12\]"):
         pairwise_dots(tf.zeros([2, 12]), [1], [0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_beside_dense_inputs_are_their_concatenation(dtype):
+    # DLRM's top-MLP input: [bottom output, products], here with the products between
+    # two dense inputs, and a batch that ends in a part of a block of lanes.
+    rng = np.random.default_rng(7)
+    batch, features, dim = 37, 6, 4
+    left, right = lower_triangle(features)
+    x = tf.constant(rng.normal(size=(batch, features, dim)).astype(dtype))
+    first = tf.constant(rng.normal(size=(batch, 3)).astype(dtype))
+    last = tf.constant(rng.normal(size=(batch, 2)).astype(dtype))
+    upstream = tf.constant(rng.normal(size=(batch, 3 + len(left) + 2)).astype(dtype))
+
+    def run(op):
+        with tf.GradientTape() as tape:
+            tape.watch([x, first, last])
+            out = op()
+            loss = tf.reduce_sum(out * upstream)
+        return [out.numpy()] + [g.numpy() for g in tape.gradient(loss, [x, first, last])]
+
+    fused = run(lambda: pairwise_dots(x, left, right, dense=[last, first], dense_columns=[3 + len(left), 0],
+                                      pairs_column=3, width=3 + len(left) + 2))
+    stock = run(lambda: tf.concat([first, matmul_and_gather(x, left, right), last], axis=1))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for got, want in zip(fused, stock):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * dim)
+
+
+def test_columns_that_do_not_fill_the_output_are_an_error():
+    x, dense = tf.zeros([2, 3, 4]), tf.zeros([2, 2])
+    left, right = lower_triangle(3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="column 2 is followed by one at 3"):
+        pairwise_dots(x, left, right, dense=[dense], dense_columns=[0], pairs_column=3, width=6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the inputs fill 5 columns, not width 6"):
+        pairwise_dots(x, left, right, dense=[dense], dense_columns=[0], pairs_column=2, width=6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dense input 0 must be \[2, width\]"):
+        pairwise_dots(x, left, right, dense=[tf.zeros([3, 2])], dense_columns=[0], pairs_column=2, width=5)
+    with pytest.raises(ValueError, match="give the output's width"):
+        pairwise_dots(x, left, right, dense=[dense], dense_columns=[0], pairs_column=2)

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.ops import handle_data_util
 
 from picasso_tf.graph.graph_def_util import canonical, prune, rewire, split_tensor_name
 from picasso_tf.graph.inline import LibraryHold, inline_function_calls
@@ -58,6 +59,21 @@ class CapturedGraph:
         captures = {k: v for k, v in {**self.captures, **(new_captures or {})}.items()
                     if split_tensor_name(k)[0] in present}
         return self.with_graph(graph_def, replacements, captures)
+
+    def import_typed(self):
+        """Imports this graph into the default graph with each variable's placeholder fed
+        by one that carries the variable's shape and dtype, so that what reads a variable
+        (and what follows) has static shapes: passes that match shapes need them.
+        Returns (replacements, removed) that map the stand-ins back in `rewritten`."""
+        input_map, replacements, removed = {}, {}, set()
+        for placeholder, variable in self.variables.items():
+            typed = tf.compat.v1.placeholder(tf.resource, [], name="picasso/typed_variable")
+            handle_data_util.copy_handle_data(variable.handle, typed)
+            input_map[placeholder] = typed
+            replacements[canonical(typed.name)] = placeholder
+            removed.add(typed.op.name)
+        tf.graph_util.import_graph_def(self.graph_def, input_map=input_map, name="")
+        return replacements, removed
 
     @property
     def variables(self):

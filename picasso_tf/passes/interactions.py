@@ -7,7 +7,11 @@ CPU most of that layer's time then goes to moving single floats: the gather, and
 the gradient its scatter back to [B, F, F], two batched products and transposes. The
 pass replaces the gather's output by PicassoPairwiseDots (ops/pairwise_dots.py), which
 computes only the gathered products and whose gradient reads them directly. The
-MatMul and the reshape go too, unless something else reads them.
+MatMul and the reshape go too, unless something else reads them. When the products'
+one reader is a concatenation (DLRM's top-MLP input: [bottom MLP output, products]),
+the kernel writes the concatenation itself, the other inputs copied to their columns,
+and the gradient reads the products' columns in place: neither the concatenation nor
+the slice of its gradient is left.
 
 Matched: a BatchMatMul of x with itself, transposed on the right (adj_y, or a
 Transpose of x by [0, 2, 1]), with F static, whose [B, F*F] reshape is read by a
@@ -31,8 +35,10 @@ def interactions(state, config):
         return state, {"fused": [], "left_alone": []}
     scratch = tf.Graph()
     with scratch.as_default():
-        tf.graph_util.import_graph_def(captured.graph_def, name="")
-    fused, left_alone, replacements = [], [], {}
+        # A concatenation is matched by the static widths of its inputs: the variables'
+        # shapes give them.
+        replacements, removed = captured.import_typed()
+    fused, left_alone = [], []
     for matmul in candidates:
         x = _self_product_operand(index, matmul)
         if x is None:
@@ -42,13 +48,26 @@ def interactions(state, config):
             left_alone.append({"node": matmul.name, "why": match})
             continue
         gather, left, right = match
+        operand = scratch.get_tensor_by_name(x)
+        concat = _concatenation(index, scratch, gather, operand.dtype, claimed={f["concat"] for f in fused})
         with scratch.as_default(), tf.name_scope("picasso/interaction/"):
-            dots = pairwise_dots(scratch.get_tensor_by_name(x), left, right)
-        replacements[canonical(gather.name)] = canonical(dots.name)
-        fused.append({"gather": gather.name, "features": scratch.get_tensor_by_name(x).shape[1],
-                      "pairs": len(left)})
+            if concat is None:
+                replaced = gather
+                dots = pairwise_dots(operand, left, right)
+            else:   # the products land in the concatenation's columns, beside its other inputs
+                replaced, parts = concat
+                columns = np.cumsum([0] + [t.shape[1] for t in parts]).tolist()
+                at = next(k for k, t in enumerate(parts) if t.op.name == gather.name)
+                dense = [(t, c) for k, (t, c) in enumerate(zip(parts, columns)) if k != at]
+                dots = pairwise_dots(operand, left, right, dense=[t for t, _ in dense],
+                                     dense_columns=[c for _, c in dense], pairs_column=columns[at],
+                                     width=columns[-1])
+        replacements[canonical(replaced.name)] = canonical(dots.name)
+        removed |= {gather.name, replaced.name}
+        fused.append({"gather": gather.name, "concat": None if concat is None else replaced.name,
+                      "features": operand.shape[1], "pairs": len(left)})
     if fused:
-        state.graph = captured.rewritten(scratch.as_graph_def(), replacements, {g["gather"] for g in fused})
+        state.graph = captured.rewritten(scratch.as_graph_def(), replacements, removed)
     return state, {"fused": fused, "left_alone": left_alone}
 
 
@@ -99,6 +118,24 @@ def _gathered_pairs(index, graph, matmul, x):
         return f"the gather reads positions outside [0, {f * f})"
     left, right = np.divmod(indices.astype(np.int64), f)
     return gather, left.tolist(), right.tolist()
+
+
+def _concatenation(index, graph, gather, dtype, claimed):
+    """(the ConcatV2 node, its inputs) when the gather's one reader is a concatenation
+    along axis 1 of [batch, width] tensors of the operand's dtype with static widths,
+    which no other interaction has claimed; else None."""
+    uses = index.uses(gather.name)
+    if len(uses) != 1 or uses[0][0].op != "ConcatV2" or uses[0][0].name in claimed:
+        return None
+    concat = uses[0][0]
+    count = concat.attr["N"].i
+    axis = _constant(index, concat.input[count])
+    parts = [graph.get_tensor_by_name(canonical(t)) for t in concat.input[:count]]
+    if axis is None or int(axis) not in (1, -1) or \
+            [t.op.name for t in parts].count(gather.name) != 1 or \
+            any(t.dtype != dtype or t.shape.rank != 2 or t.shape[1] is None for t in parts):
+        return None
+    return concat, parts
 
 
 def _constant(index, tensor):

@@ -14,7 +14,7 @@ import collections
 import dataclasses
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops, handle_data_util
+from tensorflow.python.ops import gen_resource_variable_ops
 
 from picasso_tf.embedding.packed_table import PackedTable
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
@@ -52,7 +52,10 @@ def k_packing(state, config):
     scratch = tf.Graph()
     edits = _Edits()
     with scratch.as_default():
-        _import_with_variable_shapes(captured.graph_def, captured.variables, edits)
+        # Stitching needs the static shapes of the lookups and of what reads them.
+        stand_ins, stand_in_nodes = captured.import_typed()
+        edits.replacements.update(stand_ins)
+        edits.removed |= stand_in_nodes
         stitches = find_stitches(scratch, analysis.sites) if config.stitching else []
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
         values, slot_of, fused = {}, {}, []
@@ -81,21 +84,6 @@ class _Edits:
     replacements: dict = dataclasses.field(default_factory=dict)
     removed: set = dataclasses.field(default_factory=set)
     captures: dict = dataclasses.field(default_factory=dict)
-
-
-def _import_with_variable_shapes(graph_def, variables, edits):
-    """Imports graph_def into the default graph with each variable's placeholder fed by
-    one that carries the variable's shape and dtype, so that the imported lookups (and
-    the kernels reading them) have static shapes: stitching needs them. The stand-ins
-    are mapped back on rewiring."""
-    input_map = {}
-    for placeholder, variable in variables.items():
-        typed = tf.compat.v1.placeholder(tf.resource, [], name="picasso/typed_variable")
-        handle_data_util.copy_handle_data(variable.handle, typed)
-        input_map[placeholder] = typed
-        edits.replacements[canonical(typed.name)] = placeholder
-        edits.removed.add(typed.op.name)
-    tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="")
 
 
 def _rewrite_group(graph, group, table, analysis, own, feature_names, edits):
