@@ -176,10 +176,17 @@ struct Pairs {
   std::vector<std::pair<int64_t, int64_t>> partners;
 };
 
-// A block of kLanes<T> samples, one per lane, with its scratch buffers (aligned, so that
-// every packet of them is).
+// A work item's scratch: aligned, so that every packet of it is, and left uninitialised
+// (each kernel writes every value it reads).
 template <typename T>
-using LaneBuffer = std::vector<T, Eigen::aligned_allocator<T>>;
+struct LaneBuffer {
+  explicit LaneBuffer(int64_t size)
+      : data(static_cast<T*>(Eigen::internal::aligned_malloc(std::max<int64_t>(size, 1) * sizeof(T)))) {}
+  ~LaneBuffer() { Eigen::internal::aligned_free(data); }
+  LaneBuffer(const LaneBuffer&) = delete;
+  LaneBuffer& operator=(const LaneBuffer&) = delete;
+  T* const data;
+};
 
 // dst[c * kLanes + s] = rows[s][c] for c < n and s < kLanes: kLanes rows of n values
 // become n packets holding one row in each lane.
@@ -231,7 +238,7 @@ void ForLaneBlocks(OpKernelContext* ctx, int64_t batch, int64_t work_per_sample,
     for (int64_t b = item * kSamplesPerItem; b < end; b += kL) {
       int64_t samples[kL];
       for (int s = 0; s < kL; ++s) samples[s] = std::min(b + s, end - 1);
-      fn(samples, static_cast<int>(std::min<int64_t>(kL, end - b)), scratch.data());
+      fn(samples, static_cast<int>(std::min<int64_t>(kL, end - b)), scratch.data);
     }
   });
 }
