@@ -64,15 +64,19 @@ Status CheckPairs(InferenceContext* c) {
   return OkStatus();
 }
 
+// The attributes both ops read through Pairs and pairs_column, listed once.
+#define PICASSO_PAIRS_ATTRS                  \
+  .Attr("T: {float, double}")                \
+      .Attr("left: list(int) >= 0")          \
+      .Attr("right: list(int) >= 0")         \
+      .Attr("pairs_column: int >= 0")
+
 REGISTER_OP("PicassoPairwiseDots")
     .Input("x: T")
     .Input("dense: M * T")
     .Output("output: T")
-    .Attr("T: {float, double}")
+    PICASSO_PAIRS_ATTRS
     .Attr("M: int >= 0")
-    .Attr("left: list(int) >= 0")
-    .Attr("right: list(int) >= 0")
-    .Attr("pairs_column: int >= 0")
     .Attr("dense_columns: list(int)")
     .Attr("width: int >= 0")
     .SetShapeFn([](InferenceContext* c) {
@@ -94,10 +98,7 @@ REGISTER_OP("PicassoPairwiseDotsGrad")
     .Input("x: T")
     .Input("grad: T")
     .Output("x_grad: T")
-    .Attr("T: {float, double}")
-    .Attr("left: list(int) >= 0")
-    .Attr("right: list(int) >= 0")
-    .Attr("pairs_column: int >= 0")
+    PICASSO_PAIRS_ATTRS
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(CheckPairs(c));
       c->set_output(0, c->input(0));
@@ -441,6 +442,7 @@ PICASSO_REGISTER_PAIRWISE_DOTS(float);
 PICASSO_REGISTER_PAIRWISE_DOTS(double);
 
 #undef PICASSO_REGISTER_PAIRWISE_DOTS
+#undef PICASSO_PAIRS_ATTRS
 
 }  // namespace
 }  // namespace picasso
