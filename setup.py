@@ -107,7 +107,7 @@ setup(
     python_requires=">=3.11,<3.12",
     packages=["picasso_tf"] + ["picasso_tf." + p for p in (
         "ops", "graph", "passes", "embedding", "runtime", "data", "profiling")]
-    + ["picasso_tf.models", "picasso_tf.tools"],
+    + ["picasso_tf.models", "picasso_tf.tools", "picasso_tf.tools.benchmarking"],
     package_dir={"picasso_tf": "picasso_tf", "picasso_tf.models": "models",
                  "picasso_tf.tools": "tools"},
     package_data={"picasso_tf.ops": ["_build_info.json"],

@@ -7,7 +7,7 @@ For each Zipf exponent (0: uniform ids): the picasso-bench packing W&D (200 one-
 fields, dims 8/16/32, vocabulary 20,000, MLP 256-128, Adagrad, batch 4096), optimized
 twice from the same weights: with the projection forced (projection_max_distinct=1)
 and without it (projection=False); their samples/s are timed interleaved
-(bench_timing.measure, 7 rounds of 5 steps). Prints the distinct share the warm-up
+(benchmarking.timing.measure, 7 rounds of 5 steps). Prints the distinct share the warm-up
 statistics saw and the projection's speed ratio. Config.projection_max_distinct is
 set from these figures.
 """
@@ -17,8 +17,9 @@ import platform
 import statistics
 import sys
 
-from picasso_tf.profiling import bench_models, bench_sections
-from picasso_tf.profiling.bench_timing import measure
+from picasso_tf.tools.benchmarking import models as bench_models
+from picasso_tf.tools.benchmarking import sections as bench_sections
+from picasso_tf.tools.benchmarking.timing import measure
 
 
 def main(exponents):

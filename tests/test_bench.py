@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from picasso_tf.profiling import bench_report, bench_sections
+from picasso_tf.tools.benchmarking import report as bench_report
+from picasso_tf.tools.benchmarking import sections as bench_sections
 from picasso_tf.tools import bench
 
 SECTION_HEADINGS = {

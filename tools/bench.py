@@ -10,7 +10,7 @@ Sections (--tables): packing (issue 4: wide LR / W&D on 200 fields, DLRM with Ad
 and exact Adam, each against stock Keras and the dense-only bound, plus the per-op
 time of one step), zoo (every zoo model, criteo-like and alibaba-like data), auc
 (AUC parity), ablation, ops (op counts), scaling (duplicated feature fields),
-hotstorage. See picasso_tf/profiling/bench_sections.py for what each one runs and
+hotstorage. See tools/benchmarking/sections.py for what each one runs and
 docs/benchmarks.md for the method.
 
 Results go to benchmarks/results/<mode>.json (--out to change): the machine (CPU
@@ -39,7 +39,7 @@ DEFAULT_DOCS_DIR = "docs"
 
 
 def build_parser():
-    from picasso_tf.profiling.bench_sections import SECTIONS
+    from picasso_tf.tools.benchmarking.sections import SECTIONS
     p = argparse.ArgumentParser(prog="picasso-bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
@@ -169,7 +169,7 @@ def wait_for_load(limit, max_minutes, stream=sys.stderr):
 # -- run ---------------------------------------------------------------------------------------
 
 def selected_sections(text):
-    from picasso_tf.profiling.bench_sections import SECTIONS
+    from picasso_tf.tools.benchmarking.sections import SECTIONS
     if text in ("all", ""):
         return list(SECTIONS)
     names = [t.strip() for t in text.split(",") if t.strip()]
@@ -180,8 +180,8 @@ def selected_sections(text):
 
 
 def run(args, argv):
-    from picasso_tf.profiling.bench_sections import MODES as SIZES
-    from picasso_tf.profiling.bench_sections import RUNNERS
+    from picasso_tf.tools.benchmarking.sections import MODES as SIZES
+    from picasso_tf.tools.benchmarking.sections import RUNNERS
     mode = args.mode or "quick"
     sections = selected_sections(args.tables)
     if args.wait_load:
@@ -217,7 +217,7 @@ def run(args, argv):
     print(summary(results))
     print(f"results: {out_path}")
     if not args.no_report:
-        from picasso_tf.profiling.bench_report import write_report
+        from picasso_tf.tools.benchmarking.report import write_report
         for path in write_report(results, args.docs, source=out_path):
             print(f"report: {path}")
     return results
@@ -225,7 +225,7 @@ def run(args, argv):
 
 def summary(results):
     """The headline figures as printed text (the report has everything)."""
-    from picasso_tf.profiling.bench_report import _headline
+    from picasso_tf.tools.benchmarking.report import _headline
     la = results["load_average"]
     lines = [f"picasso-bench {results['mode']}: {results['duration_s'] / 60:.1f} min on "
              f"{results['machine'].get('cpu_model')} ({results['machine'].get('cores')} cores); load average "
@@ -257,7 +257,7 @@ def _write_json(results, path):
 
 
 def report_only(args):
-    from picasso_tf.profiling.bench_report import write_report
+    from picasso_tf.tools.benchmarking.report import write_report
     source = args.report
     if not source:
         candidates = [os.path.join(DEFAULT_RESULTS_DIR, f"{m}.json") for m in ("full", "quick")]

@@ -23,10 +23,10 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from picasso_tf.profiling import bench_models as bm
-from picasso_tf.profiling.bench_breakdown import op_breakdown
-from picasso_tf.profiling.bench_stages import stage_times
-from picasso_tf.profiling.bench_timing import Variant, in_memory_dataset, measure
+from picasso_tf.tools.benchmarking import models as bm
+from picasso_tf.tools.benchmarking.breakdown import op_breakdown
+from picasso_tf.tools.benchmarking.stages import stage_times
+from picasso_tf.tools.benchmarking.timing import Variant, in_memory_dataset, measure
 
 SECTIONS = ("packing", "zoo", "auc", "ablation", "ops", "scaling", "hotstorage")
 NOT_BUILT = "not built"

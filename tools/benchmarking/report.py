@@ -115,7 +115,7 @@ def _header(results, source):
         "",
         "Reproduce: `picasso-bench --full` (about 30 minutes on 2 cores; `--quick` for a 3-minute smoke run, "
         "`--tables packing,ops` for some sections), then `picasso-bench --report`. Code: `tools/bench.py`, "
-        "`picasso_tf/profiling/bench_*.py`.",
+        "`tools/benchmarking/*.py`.",
         "",
     ]
     return lines
@@ -215,7 +215,7 @@ def _stages(st):
              f"{st['repeats']} times after warm-up (median, quartiles); "
              f"{st['ids']:,} ids per step, {st['unique_rows']:,} unique (field, id) rows, packed groups "
              f"(dim, fields): {', '.join(f'{d}×{n}' for d, n in st['groups'])} "
-             "(`picasso_tf/profiling/bench_stages.py`).", ""]
+             "(`tools/benchmarking/stages.py`).", ""]
     rows = [[name, f"{v['ms']:.1f}", f"{v['q1']:.1f}–{v['q3']:.1f}"] for name, v in st["stages"].items()]
     rows.append(["**sum, picasso path** (projection, loss, grad + apply in the kernel)",
                  f"**{st['picasso_sum_ms']:.1f}**", ""])
@@ -230,7 +230,7 @@ def _stages(st):
 def _breakdown(config, bd, has_chart, timed=None):
     lines = [f"### Where the time goes: `{config}`, {bd.get('fields')} fields, batch {bd.get('batch_size')}", "",
              "Per-op kernel time of one training step (`fit`), from a TensorFlow profiler trace "
-             "(`picasso_tf/profiling/bench_breakdown.py`). Kernels on the two inter-op threads may "
+             "(`tools/benchmarking/breakdown.py`). Kernels on the two inter-op threads may "
              "overlap, so the op times can sum to more than the wall time; tracing itself slows the step "
              "(compare the untraced wall time).", ""]
     variants = [k for k in ("baseline", "picasso", "bound") if k in bd]
