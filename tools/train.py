@@ -43,22 +43,21 @@ import platform
 import sys
 import time
 
+from picasso_tf import data as pdata
+from picasso_tf.data.errors import first_line
+from picasso_tf.data.files import FORMATS
+
 EXIT_USAGE = 2
 EXIT_MULTIPROCESS = 3
 PRESETS = ("criteo", "alibaba", "wide")
 DATA_KEYWORDS = PRESETS + ("movielens", "synthetic")
-FORMATS = ("auto", "criteo", "csv", "parquet", "tfrecord")
 MODES = ("both", "baseline", "picasso")
 OPTIMIZERS = ("adam", "adagrad", "sgd", "rmsprop", "ftrl")   # models.training.OPTIMIZERS
 DEFAULT_MODEL = "wide_deep"
 DEFAULT_DATA = "criteo"
 DEFAULT_ROWS = 100_000
 DEFAULT_VOCAB = 1000
-PARQUET_EXTENSIONS = (".parquet", ".pq")
-TFRECORD_EXTENSIONS = (".tfrecord", ".tfrecords", ".tfr")
-TEXT_EXTENSIONS = (".csv", ".tsv", ".txt")
 WARMUP_STEPS = 2          # steps of the first epoch left out of samples/s
-READ_BATCH = 8192         # rows per batch when reading files into memory
 # Fields of the run that must not change between a run and its --resume.
 RESUME_FIELDS = ("model", "data", "format", "schema", "rows", "vocab_size", "preset_option", "hparam",
                  "test_fraction", "batch_size", "seed", "optimizer", "learning_rate", "picasso_option")
@@ -203,126 +202,38 @@ class LoadedData:
         return self.train.schema
 
 
-def _first_line(error):
-    text = str(getattr(error, "message", None) or error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _load_schema(path):
-    from picasso_tf.data import Schema
-    if not os.path.isfile(path) or not os.access(path, os.R_OK):
-        why = "no such file" if not os.path.exists(path) else "not a readable file"
-        raise UsageError(f"--schema {path}: cannot read it ({why})")
+def _read_files(args, schema):
+    """(files, TabularData, format, schema source) of the files --data names, read into memory."""
     try:
-        return Schema.load(path)
-    except (ValueError, TypeError, KeyError) as e:
-        raise UsageError(f"--schema {path}: not a picasso_tf schema JSON: {_first_line(e)}") from None
-
-
-def _expand(data):
-    """The files that --data names (a path, a directory, a glob), each readable."""
-    import glob
-    if any(c in data for c in "*?["):
-        files = sorted(f for f in glob.glob(data) if os.path.isfile(f))
-        if not files:
-            raise UsageError(f"--data {data!r}: no file matches the pattern; --data takes a preset "
-                             f"({', '.join(DATA_KEYWORDS)}) or files")
-    elif os.path.isdir(data):
-        files = sorted(os.path.join(data, f) for f in os.listdir(data)
-                       if not f.startswith((".", "_")) and os.path.isfile(os.path.join(data, f)))
-        if not files:
-            raise UsageError(f"--data {data}: the directory holds no data files")
-    elif os.path.exists(data):
-        files = [data]
-    else:
-        raise UsageError(f"--data {data!r}: no such file or directory, and not a data keyword; choose one of "
-                         f"{', '.join(DATA_KEYWORDS)} or give a path")
-    for f in files:
-        if not os.access(f, os.R_OK):
-            raise UsageError(f"--data: cannot read {f}: permission denied")
-    return files
-
-
-def _sniff_format(path):
-    lower = path.lower()
-    for suffix in (".gz", ".zz", ".zlib"):
-        if lower.endswith(suffix):
-            lower = lower[:-len(suffix)]
-    if lower.endswith(PARQUET_EXTENSIONS):
-        return "parquet"
-    if lower.endswith(TFRECORD_EXTENSIONS):
-        return "tfrecord"
-    if lower.endswith(TEXT_EXTENSIONS):
-        return "text"
+        files = pdata.data_files(args.data)
+    except pdata.DataFileError as e:
+        raise UsageError(f"--data {e}; --data takes a preset ({', '.join(DATA_KEYWORDS)}) or files") from None
+    source = f"--schema {args.schema}" if args.schema else None
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError as e:
-        raise UsageError(f"--data: cannot read {path}: {e.strerror}") from None
-    if head[:4] == b"PAR1":
-        return "parquet"
-    try:
-        head.decode("utf-8")
-        return "text" if b"\n" in head or len(head) < 4096 else "tfrecord"
-    except UnicodeDecodeError:
-        return "tfrecord"
-
-
-def _is_criteo_schema(schema):
-    from picasso_tf.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
-    return schema.labels == ["label"] and all(f.name in DENSE_NAMES + CATEGORICAL_NAMES for f in schema.features)
-
-
-def _read_files(args, files, schema, schema_source):
-    """(TabularData, format, schema source) of the files, read into memory."""
-    import tensorflow as tf
-    from picasso_tf.data import (DataFormatError, TabularData, criteo_schema, read_criteo, read_csv,
-                                 read_parquet, read_tfrecord)
-
-    formats = {_sniff_format(f) for f in files} if args.format == "auto" else {args.format}
-    if len(formats) > 1:
-        raise UsageError(f"--data: the files mix formats {sorted(formats)}; give files of one format or --format")
-    fmt = formats.pop()
-    if fmt == "text":
-        fmt = "criteo" if schema is None or _is_criteo_schema(schema) else "csv"
-    defaulted = False
-    if schema is None:
-        if fmt != "criteo":
-            raise UsageError(f"--data {files[0]} is {fmt}: pass --schema schema.json, the schema it was "
-                             "written with (picasso_tf.data.Schema.save)")
-        defaulted = True
-        schema = criteo_schema(args.vocab_size - 1)
-        schema_source = f"criteo_schema({args.vocab_size - 1})"
-    try:
-        if fmt == "criteo":
-            ds = read_criteo(files, schema, batch_size=READ_BATCH, prefetch=False)
-        elif fmt == "csv":
-            with open(files[0]) as f:
-                delimiter = "\t" if "\t" in f.readline() else ","
-            ds = read_csv(files, schema, READ_BATCH, delimiter=delimiter, prefetch=False)
-        elif fmt == "parquet":
-            ds = read_parquet(files, schema, batch_size=READ_BATCH, prefetch=False)
-        else:
-            compression = "GZIP" if files[0].endswith(".gz") else None
-            ds = read_tfrecord(files, schema, batch_size=READ_BATCH, compression=compression, prefetch=False)
-        if args.rows:
-            ds = ds.take(math.ceil(args.rows / READ_BATCH))
-        data = TabularData.from_dataset(schema, ds)
-    except (DataFormatError, ValueError, KeyError, tf.errors.OpError) as e:
-        hint = " (files other than Criteo's need --schema)" if defaulted else ""
-        raise UsageError(f"--data {files[0]}{' (and more)' if len(files) > 1 else ''} does not match the "
-                         f"schema {schema_source} as {fmt}{hint}: {_first_line(e)}") from None
-    if args.rows and data.num_examples > args.rows:
-        data = data.take(range(args.rows))
-    return data, fmt, schema_source
+        fmt = pdata.file_format(files, args.format, schema)
+        if schema is None:
+            if fmt != "criteo":
+                raise UsageError(f"--data {files[0]} is {fmt}: pass --schema schema.json, the schema it was "
+                                 "written with (picasso_tf.data.Schema.save)")
+            schema = pdata.criteo_schema(args.vocab_size - 1)
+            source = f"criteo_schema({args.vocab_size - 1})"
+        data = pdata.read_files(files, schema, fmt, rows=args.rows)
+    except pdata.DataFileError as e:
+        raise UsageError(f"--data {e}") from None
+    except pdata.DataFormatError as e:
+        hint = "" if args.schema else " (files other than Criteo's need --schema)"
+        raise UsageError(f"--data {e}{hint}") from None
+    return files, data, fmt, source
 
 
 def load_data(args):
     """LoadedData (train/test TabularData) for --data."""
     import numpy as np
-    from picasso_tf import data as pdata
 
-    schema = _load_schema(args.schema) if args.schema else None
+    try:
+        schema = pdata.load_schema(args.schema) if args.schema else None
+    except pdata.DataFileError as e:
+        raise UsageError(f"--schema {e}") from None
     name = args.data
     if name in PRESETS or name == "synthetic":
         if name == "synthetic":
@@ -340,7 +251,7 @@ def load_data(args):
             try:
                 schema = pdata.preset_schema(name, **options)
             except TypeError as e:
-                raise UsageError(f"--preset-option for {name!r}: {_first_line(e)}") from None
+                raise UsageError(f"--preset-option for {name!r}: {first_line(e)}") from None
             source = f"preset {name} {options}"
         rows = args.rows or DEFAULT_ROWS
         data = pdata.generate(schema, rows, seed=args.seed)
@@ -359,8 +270,7 @@ def load_data(args):
                                        f"{test.num_examples} test ratings, label = rating >= 4")
     if args.preset_option:
         raise UsageError("--preset-option applies to the synthetic presets only")
-    files = _expand(name)
-    data, fmt, source = _read_files(args, files, schema, f"--schema {args.schema}" if args.schema else None)
+    files, data, fmt, source = _read_files(args, schema)
     train, test = _split(data, args)
     return LoadedData(train, test, f"{fmt} file{'s' if len(files) > 1 else ''} {name}: {data.num_examples} "
                                    f"rows, schema {source}")
@@ -370,7 +280,7 @@ def _split(data, args):
     try:
         return data.split(args.test_fraction, seed=args.seed)
     except ValueError as e:
-        raise UsageError(f"--test-fraction: {_first_line(e)}") from None
+        raise UsageError(f"--test-fraction: {first_line(e)}") from None
 
 
 # -- training --------------------------------------------------------------------------------------
@@ -501,7 +411,7 @@ def train_one(name, model, data, recipe, plan, args, logdir):
             status.assert_consumed()
         except AssertionError as e:
             raise UsageError(f"--resume: {manager.latest_checkpoint} does not fit this {name} model: "
-                             f"{_first_line(e)}") from None
+                             f"{first_line(e)}") from None
         resumed_from = int(step_var.numpy())
         print(f"  [{name}] resumed from {manager.latest_checkpoint} at step {resumed_from}", flush=True)
     start = int(step_var.numpy())
@@ -680,7 +590,7 @@ def run(args):
     try:
         picasso_tf.Config.from_options(**picasso_options)
     except (TypeError, ValueError) as e:
-        raise UsageError(f"--picasso-option: {_first_line(e)}") from None
+        raise UsageError(f"--picasso-option: {first_line(e)}") from None
     recipe = zoo_recipe(args.model, optimizer=args.optimizer, learning_rate=args.learning_rate,
                         batch_size=args.batch_size, epochs=args.epochs)
 
@@ -722,7 +632,7 @@ def run(args):
     try:
         reference = meta.builder(schema, **params)
     except TypeError as e:
-        raise UsageError(f"--hparam for {args.model}: {_first_line(e)}") from None
+        raise UsageError(f"--hparam for {args.model}: {first_line(e)}") from None
     plan["outputs"] = output_names(reference)
     unlabeled = [n for n in plan["outputs"] if n not in schema.labels]
     if unlabeled:
