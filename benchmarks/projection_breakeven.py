@@ -33,7 +33,7 @@ def main(exponents):
             lambda: bench_models.build_wide_wd(data.schema), data, sizes.packing_batch, "adagrad", sizes,
             with_bound=False, options={"projection_max_distinct": 1.0},
             extra={"matmul": {"projection": False}})
-        share = statistics.mean(copies["picasso"][1].picasso.plan.distinct_ids.values())
+        share = statistics.mean(copies["picasso"][1].picasso.program.statistics.distinct_ids.values())
         variants = [v for v in trio.variants if v.name != "baseline"]
         ratio = measure(variants, sizes.rounds, sizes.steps, sizes.warmup_steps,
                         pairs=[("picasso", "matmul")])["ratios"]["picasso/matmul"]

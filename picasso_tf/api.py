@@ -7,22 +7,22 @@
     model = picasso_tf.optimize(model)   # on a model instance
 
 The returned PicassoModel is a keras.Model: compile/fit/evaluate/predict, callbacks,
-metrics and save_weights/load_weights work as usual. It owns train_step: the rewritten
-graph's forward pass, tf.gradients, dense variables through the user's optimizer and
-packed tables through the row-sparse path.
+metrics and save_weights/load_weights work as usual. It compiles the model into a
+Program (picasso_tf.compile), creates the storage the Program's table layouts name,
+and owns train_step: the rewritten graph's forward pass and the staged training step
+(picasso_tf.runtime.step). It knows no GraphDef details.
 """
 import functools
 
 import tensorflow as tf
 
+from picasso_tf.compiler import compile_program
 from picasso_tf.config import Config
-from picasso_tf.graph.analysis import find_embedding_sites
-from picasso_tf.graph.capture import capture, input_signature
-from picasso_tf.passes.manager import run_passes
-from picasso_tf.passes.plan import RewritePlan
-from picasso_tf.passes.statistics import static_accesses, warmup_statistics
+from picasso_tf.embedding.checkpoint import LogicalTables
+from picasso_tf.embedding.storage import make_storage
+from picasso_tf.graph.capture import input_signature
 from picasso_tf.runtime.fused_update import make_fused_update
-from picasso_tf.runtime.step import GradientApplier, RewrittenForward
+from picasso_tf.runtime.step import RewrittenForward, TrainingStep
 
 
 def optimize(target=None, *, example_inputs=None, warmup_data=None, **options):
@@ -52,24 +52,25 @@ def optimize(target=None, *, example_inputs=None, warmup_data=None, **options):
 
 
 class PicassoInfo:
-    """model.picasso: the options, the plan, the report, and weight write-back."""
+    """model.picasso: the options, the compiled Program, the storage, the report, and
+    weight write-back."""
 
     def __init__(self, config):
         self.config = config
-        self.plan = RewritePlan()
-        self.reports = {}
-        self.optimizer_note = None      # how packed tables are updated, once training starts
-        self.updated_in_gradient = []   # packed tables their gradient kernel updates (last trace)
-        self.table_variables = []       # every embedding table the analysis recognised, packed ones too
+        self.program = None             # the compiled Program, once the model is rewritten
+        self.storages = {}              # table group name -> EmbeddingStorage
+        self.optimizer_note = None      # how the storage is updated, once training starts
+        self.updated_in_gradient = []   # storage variables their gradient kernel updates (last trace)
+        self.table_variables = []       # every embedding table the analysis recognised, storage ones too
 
     @property
-    def packed_tables(self):
-        return list(self.plan.packed_tables.values())
+    def reports(self):
+        return self.program.reports if self.program else {}
 
     def write_back(self):
-        """Copies packed rows back into the original model's tables (for serving/export)."""
-        for table in self.packed_tables:
-            table.write_back()
+        """Copies the storage's rows back into the original model's tables (for serving/export)."""
+        for storage in self.storages.values():
+            storage.write_back()
 
     def report(self):
         """A readable summary of what was rewritten."""
@@ -87,7 +88,7 @@ class PicassoInfo:
             lines.append(f"  optimizer: {self.optimizer_note}")
         if self.updated_in_gradient:
             lines.append(f"  updated inside their gradient kernel: {', '.join(self.updated_in_gradient)}")
-        for g in self.plan.describe():
+        for g in self.program.describe_tables() if self.program else ():
             lines.append(f"  packed group {g['group']}: dim {g['dim']}, {len(g['tables'])} tables, "
                          f"{g['rows']} rows, volume {g['param_volume']}")
         return "\n".join(lines)
@@ -104,7 +105,7 @@ class PicassoModel(tf.keras.Model):
         self._forward = None
         self._eager_calls = {}
         self._last_regularization = None
-        self._applier = None
+        self._step = None
         if getattr(original, "output_names", None):
             # Keras matches dict labels to outputs by these names.
             self.output_names = list(original.output_names)
@@ -116,37 +117,37 @@ class PicassoModel(tf.keras.Model):
 
     # -- rewriting -------------------------------------------------------------------
     def _rewrite(self, specs):
-        cfg, plan = self.picasso.config, self.picasso.plan
-        train = capture(self.original, specs, training=True)
-        infer = capture(self.original, specs, training=False)
-        analysis = find_embedding_sites(train)
-        if self._warmup_data is not None and cfg.warmup_batches:
-            plan.accesses, plan.distinct_ids = warmup_statistics(train, analysis, self._warmup_data,
-                                                                 cfg.warmup_batches)
-            plan.statistics_source = f"{cfg.warmup_batches} warm-up batches"
-        else:
-            plan.accesses = static_accesses(train, analysis)
-        train, self.picasso.reports["training"] = run_passes(train, plan, cfg)
-        infer, self.picasso.reports["inference"] = run_passes(infer, plan, cfg)
-        self._forward = {True: RewrittenForward(train), False: RewrittenForward(infer)}
-        # Attribute assignment makes Keras track the new variables (checkpoints, weights).
-        self.packed_tables = [t.variable for t in self.picasso.packed_tables]
-        self.picasso.table_variables = list(analysis.tables.values()) + self.packed_tables
+        program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
+        storages = {name: make_storage(program.layout(name)) for name in program.storage_refs()}
+        self.picasso.program, self.picasso.storages = program, storages
+        self._forward = {training: RewrittenForward(program.graphs[name], storages)
+                         for training, name in ((True, "training"), (False, "inference"))}
+        # Tracked: checkpoints hold each table's rows (and slots) under the table's own name.
+        self.picasso_tables = LogicalTables(storages.values(), self.original)
+        analysis = program.analyses["training"]
+        kernel_inputs = [s.kernel_input() for s in storages.values()]
+        self.picasso.table_variables = list(analysis.tables.values()) + kernel_inputs
         self._densely_read = [v for v in analysis.tables.values() if analysis.densely_read(v)] + [
-            t.variable for t in self.picasso.packed_tables if t.group.densely_read]
-        self._applier = None
+            s.kernel_input() for s in storages.values() if s.layout.densely_read]
+        self._step = None
 
-    def _gradient_applier(self):
+    def _training_step(self):
         """Made at the first training step, once the optimizer is known."""
-        if self._applier is None:
-            fused, note = make_fused_update(self.optimizer, self.picasso.packed_tables, self.picasso.config)
-            self.picasso.optimizer_note = note or (fused and f"packed tables: fused {type(self.optimizer).__name__}"
-                                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
-            # Attribute assignment tracks the slot variables, so checkpoints hold them.
-            self.packed_table_slots = fused.slots if fused else {}
-            trainable = [v for v in self._forward[True].variables if v.trainable]
-            self._applier = GradientApplier(trainable, self.picasso.table_variables, fused, self._densely_read)
-        return self._applier
+        if self._step is None:
+            self._step, self.picasso.optimizer_note = self.make_training_step(self.optimizer)
+        return self._step
+
+    def make_training_step(self, optimizer):
+        """(TrainingStep for `optimizer`, how it updates the storage): what train_step
+        runs, for tools that run or inspect the step themselves (picasso_tf.profile)."""
+        storages = list(self.picasso.storages.values())
+        fused, note = make_fused_update(optimizer, storages, self.picasso.config)
+        if fused:
+            self.picasso_tables.track_slots()
+        note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
+                                  f"{' (lazy)' if fused.optimizer.lazy else ''}")
+        trainable = [v for v in self._forward[True].variables if v.trainable]
+        return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read), note
 
     def _ensure_rewritten(self, inputs):
         if self._forward is None:
@@ -183,14 +184,9 @@ class PicassoModel(tf.keras.Model):
         self._ensure_rewritten(x)
         y_pred = self(x, training=True)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
-        updated = self._gradient_applier().apply(self.optimizer, loss)
+        updated = self._training_step().run(self.optimizer, loss)
         self.picasso.updated_in_gradient = [v.name for v in updated]
         return self.compute_metrics(x, y, y_pred, sample_weight)
-
-    def save_weights(self, filepath, *args, **kwargs):
-        # Keep the original tables current too, so the checkpoint serves either model.
-        self.picasso.write_back()
-        return super().save_weights(filepath, *args, **kwargs)
 
     def get_config(self):
         return {"original": tf.keras.layers.serialize(self.original), "picasso": self.picasso.config.to_dict()}

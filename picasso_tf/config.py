@@ -6,9 +6,6 @@ Each rewrite pass can be switched off on its own, which is how the paper's ablat
 import dataclasses
 import os
 
-# Passes in the order they run (ARCHITECTURE.md §2).
-PASS_ORDER = ("d_packing", "k_packing", "interactions", "hybrid_hash", "distribute", "k_interleave")
-
 
 @dataclasses.dataclass
 class Config:

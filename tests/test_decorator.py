@@ -232,7 +232,7 @@ def test_rewritten_model_trains_exactly_like_the_original(name, optimizer):
     report = optimized.picasso.reports["training"]
     assert report["analysis"]["sites"], "no embedding site recognised"
     assert not report["analysis"]["left_alone"], report["analysis"]["left_alone"]
-    assert optimized.picasso.packed_tables, "nothing was packed"
+    assert optimized.picasso.storages, "nothing was packed"
     base_losses = train(baseline, OPTIMIZERS[optimizer]())
     opt_losses = train(optimized, OPTIMIZERS[optimizer]())
     np.testing.assert_allclose(opt_losses, base_losses, rtol=1e-5, atol=1e-5)
@@ -307,7 +307,7 @@ def test_decorator_forms():
     sequential = tf.keras.Sequential([tf.keras.Input((3,), dtype="int64"), tf.keras.layers.Embedding(20, 4),
                                       tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
     wrapped = picasso.optimize(sequential)
-    assert len(wrapped.picasso.packed_tables) == 1
+    assert len(wrapped.picasso.storages) == 1
     ids = np.arange(12).reshape(4, 3)
     np.testing.assert_allclose(wrapped.predict(ids, verbose=0), sequential.predict(ids, verbose=0), rtol=1e-6)
     features, _ = make_data(n=4)
@@ -337,5 +337,5 @@ def test_fit_evaluate_predict_callbacks_and_checkpoints(tmp_path):
     restored.compile(optimizer="adagrad", loss="binary_crossentropy")
     restored.load_weights(str(tmp_path / "weights"))
     np.testing.assert_allclose(restored.predict(data, verbose=0), predictions, rtol=1e-6)
-    for a, b in zip(model.picasso.packed_tables, restored.picasso.packed_tables):
+    for a, b in zip(model.picasso.storages.values(), restored.picasso.storages.values()):
         np.testing.assert_array_equal(a.variable.numpy(), b.variable.numpy())

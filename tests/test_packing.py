@@ -59,7 +59,7 @@ OPTIMIZERS = {
 def test_packed_model_matches_baseline_for_50_steps(optimizer):
     build = model_builder()
     baseline, optimized = build(), picasso.optimize(build())
-    assert len(optimized.picasso.packed_tables) >= 2
+    assert len(optimized.picasso.storages) >= 2
     base_losses = run(baseline, OPTIMIZERS[optimizer](), 50)
     opt_losses = run(optimized, OPTIMIZERS[optimizer](), 50)
     assert optimized.picasso.optimizer_note.startswith("packed tables: fused")
@@ -74,7 +74,7 @@ def test_two_runs_are_bit_identical():
     first, second = picasso.optimize(build()), picasso.optimize(build())
     np.testing.assert_array_equal(run(first, tf.keras.optimizers.Adam(0.01), 10),
                                   run(second, tf.keras.optimizers.Adam(0.01), 10))
-    for a, b in zip(first.picasso.packed_tables, second.picasso.packed_tables):
+    for a, b in zip(first.picasso.storages.values(), second.picasso.storages.values()):
         np.testing.assert_array_equal(a.variable.numpy(), b.variable.numpy())
 
 
@@ -122,25 +122,25 @@ def test_calc_vparam_shards_heavy_groups_like_the_paper():
     x = {f"f{i}": tf.keras.Input((), dtype="int64", name=f"f{i}") for i in range(12)}
     embs = [tf.keras.layers.Embedding(100, [8, 16, 32][i % 3])(x[f"f{i}"]) for i in range(12)]
     model = tf.keras.Model(x, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(embs)))
-    plan = picasso.optimize(model).picasso.plan
+    tables = picasso.optimize(model).picasso.program.tables
     shards = {}
-    for group in plan.groups:
+    for group in tables:
         shards[group.dim] = shards.get(group.dim, 0) + 1
     assert shards == {8: 1, 16: 1, 32: 4}
-    unsharded = picasso.optimize(model, shard_heavy_groups=False).picasso.plan.groups
+    unsharded = picasso.optimize(model, shard_heavy_groups=False).picasso.program.tables
     assert sorted(g.dim for g in unsharded) == [8, 16, 32]
 
 
 def test_warmup_statistics_count_ids_per_example():
     build = model_builder()
     data = tf.data.Dataset.from_tensor_slices(batches(1)[0]).batch(16)
-    plan = picasso.optimize(build(), warmup_data=data, warmup_batches=2).picasso.plan
-    assert plan.statistics_source == "2 warm-up batches"
-    assert plan.accesses["emb_u/embeddings"] == pytest.approx(1.0)
-    assert plan.accesses["emb_i/embeddings"] == pytest.approx(1.0 + SEQ[2])   # item + its history
+    statistics = picasso.optimize(build(), warmup_data=data, warmup_batches=2).picasso.program.statistics
+    assert statistics.source == "2 warm-up batches"
+    assert statistics.accesses["emb_u/embeddings"] == pytest.approx(1.0)
+    assert statistics.accesses["emb_i/embeddings"] == pytest.approx(1.0 + SEQ[2])   # item + its history
     first, second = [{n: np.asarray(v) for n, v in b[0].items()} for b in data.take(2)]
     distinct_u = len(np.unique(first["u"])) + len(np.unique(second["u"]))
-    assert plan.distinct_ids["emb_u/embeddings"] == pytest.approx(distinct_u / 32)
+    assert statistics.distinct_ids["emb_u/embeddings"] == pytest.approx(distinct_u / 32)
 
 
 @pytest.mark.parametrize("units", [1, 16])
@@ -322,7 +322,7 @@ def test_a_concatenation_feeding_a_dense_gets_the_projection_and_trains_like_the
     # the stitched lookup's) gradient kernel updates every packed table itself, with
     # the same result as a separate update.
     for model in (projected, plain):
-        assert sorted(model.picasso.updated_in_gradient) == sorted(v.name for v in model.packed_tables)
+        assert sorted(model.picasso.updated_in_gradient) == sorted(s.variable.name for s in model.picasso.storages.values())
     assert separate.picasso.updated_in_gradient == plain_separate.picasso.updated_in_gradient == []
     np.testing.assert_allclose(losses["projected"], losses["baseline"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(losses["plain"], losses["baseline"], rtol=1e-5, atol=1e-5)
@@ -355,7 +355,7 @@ def test_tables_are_updated_in_the_gradient_kernel_inside_keras_step_loops_too()
         model.compile(optimizer=tf.keras.optimizers.Adagrad(0.2), loss="binary_crossentropy",
                       steps_per_execution=steps)
         model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
-        assert sorted(model.picasso.updated_in_gradient) == sorted(v.name for v in model.packed_tables)
+        assert sorted(model.picasso.updated_in_gradient) == sorted(s.variable.name for s in model.picasso.storages.values())
         weights[steps] = [w.numpy() for w in model.weights]
     for a, b in zip(weights[1], weights[3]):
         np.testing.assert_array_equal(a, b)

@@ -18,6 +18,8 @@ Transpose of x by [0, 2, 1]), with F static, whose [B, F*F] reshape is read by a
 GatherV2 along axis 1 with constant indices. Any other product of x with itself is
 left alone, and the report says why.
 """
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -27,12 +29,12 @@ from picasso_tf.ops.pairwise_dots import pairwise_dots
 _MATMULS = ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 
 
-def interactions(state, config):
-    captured = state.graph
+def interactions(program, graph, config):
+    captured = program.graphs[graph]
     index = GraphIndex(captured.graph_def)
     candidates = [n for n in captured.graph_def.node if n.op in _MATMULS]
     if not candidates:
-        return state, {"fused": [], "left_alone": []}
+        return program, {"fused": [], "left_alone": []}
     scratch = tf.Graph()
     with scratch.as_default():
         # A concatenation is matched by the static widths of its inputs: the variables'
@@ -67,8 +69,9 @@ def interactions(state, config):
         fused.append({"gather": gather.name, "concat": None if concat is None else replaced.name,
                       "features": operand.shape[1], "pairs": len(left)})
     if fused:
-        state.graph = captured.rewritten(scratch.as_graph_def(), replacements, removed)
-    return state, {"fused": fused, "left_alone": left_alone}
+        program = dataclasses.replace(program, graphs={
+            **program.graphs, graph: captured.rewritten(scratch.as_graph_def(), replacements, removed)})
+    return program, {"fused": fused, "left_alone": left_alone}
 
 
 def _self_product_operand(index, matmul):

@@ -1,5 +1,5 @@
 """K-packing (paper §III-B): replace each packed group's per-feature op chains by one
-fused lookup kernel reading the group's packed table. Sites whose outputs the model
+fused lookup kernel reading the group's storage. Sites whose outputs the model
 only concatenates are looked up straight into the concatenation instead, by one
 stitched kernel per concatenation reading every packed table involved (stitching.py);
 where the concatenation only feeds a MatMul, a kernel computes the product from the
@@ -8,7 +8,8 @@ tables' rows without building the concatenation (a stitched projection).
 The new ops are built with TensorFlow's Python API in a scratch graph holding the
 original GraphDef, so that attributes and shapes come from the op definitions; the
 result is exported, rewired (consumers of every site's output now read the fused
-output) and pruned of the replaced chains.
+output) and pruned of the replaced chains. Each group's storage is a placeholder captured
+as a StorageRef: the pass creates no variable, the runtime binds the storage.
 """
 import collections
 import dataclasses
@@ -16,38 +17,35 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops
 
-from picasso_tf.embedding.packed_table import PackedTable
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
-from picasso_tf.passes.plan import PackedGroup, TableSlot
 from picasso_tf.passes.stitching import find_stitches
+from picasso_tf.program import LookupRecord, StorageRef, TableLayout, TableMember
 
 # Ops that pass ids through unchanged in meaning, followed back to name a site's feature.
 _ID_PASSTHROUGH = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StridedSlice", "Unique",
                    "SparseFillEmptyRows", "SparseReshape"}
 
 
-def k_packing(state, config):
-    captured, analysis, plan = state.graph, state.analysis, state.plan
+def k_packing(program, graph, config):
+    captured, analysis = program.graphs[graph], program.analyses[graph]
     if not analysis.sites:
-        return state, {"fused_lookups": 0, "sites": 0}
-    if plan.groups is None:          # D-packing off: fuse each table's lookups on its own
-        plan.groups = [PackedGroup(f"table_{i}", s.dim, s.dtype,
-                                   [TableSlot(analysis.tables[s.table], 0, s.vocab_size, 1.0)],
-                                   densely_read=analysis.densely_read(analysis.tables[s.table]))
-                       for i, s in enumerate(_one_site_per_table(analysis))]
+        return program, {"fused_lookups": 0, "sites": 0}
+    if program.tables is None:          # D-packing off: fuse each table's lookups on its own
+        program = dataclasses.replace(program, tables=[
+            TableLayout(f"table_{i}", s.dim, s.dtype, [TableMember(analysis.tables[s.table], 0, s.vocab_size, 1.0)],
+                        densely_read=analysis.densely_read(analysis.tables[s.table]))
+            for i, s in enumerate(_one_site_per_table(analysis))])
     sites_by_table = collections.defaultdict(list)
     for site in analysis.sites:
         sites_by_table[analysis.tables[site.table].ref()].append(site)
     feature_names = _feature_names(captured, analysis)
 
     members_of = {}
-    for group in plan.groups:
-        members = [(slot, site) for slot in group.slots for site in sites_by_table[slot.variable.ref()]]
+    for group in program.tables:
+        members = [(member, site) for member in group.members for site in sites_by_table[member.variable.ref()]]
         if members:
             members_of[group.name] = members
-            if group.name not in plan.packed_tables:     # shared by the training and inference graphs
-                plan.packed_tables[group.name] = PackedTable(group)
 
     scratch = tf.Graph()
     edits = _Edits()
@@ -58,57 +56,63 @@ def k_packing(state, config):
         edits.removed |= stand_in_nodes
         stitches = find_stitches(scratch, analysis.sites) if config.stitching else []
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
-        values, slot_of, fused = {}, {}, []
-        for group in plan.groups:
+        values, member_of, fused = {}, {}, []
+        for group in program.tables:
             if group.name in members_of:
                 members = members_of[group.name]
-                values[group.name] = _rewrite_group(scratch, group, plan.packed_tables[group.name], analysis,
-                                                    [(sl, si) for sl, si in members if id(si) not in in_stitch],
+                values[group.name] = _rewrite_group(scratch, group, analysis,
+                                                    [(m, si) for m, si in members if id(si) not in in_stitch],
                                                     feature_names, edits)
-                slot_of.update({id(site): (group, slot) for slot, site in members})
-                fused.append({"group": group.name, "sites": len(members), "tables": len(group.slots)})
-        stitched = [_rewrite_stitch(scratch, stitch, values, slot_of, feature_names, edits,
-                                    *_projection_choice(stitch, plan, config))
+                member_of.update({id(site): (group, member) for member, site in members})
+                fused.append({"group": group.name, "sites": len(members), "tables": len(group.members)})
+        stitched = [_rewrite_stitch(scratch, stitch, values, member_of, feature_names, edits,
+                                    *_projection_choice(stitch, program.statistics, config))
                     for stitch in stitches]
         graph_def = scratch.as_graph_def()
 
-    state.graph = captured.rewritten(graph_def, edits.replacements, edits.removed, edits.captures)
-    return state, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
-                   "stitched": stitched}
+    rewritten = captured.rewritten(graph_def, edits.replacements, edits.removed, edits.captures)
+    program = dataclasses.replace(program, graphs={**program.graphs, graph: rewritten},
+                                  lookups={**program.lookups, graph: edits.records})
+    return program, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
+                     "stitched": stitched}
 
 
 @dataclasses.dataclass
 class _Edits:
     """What the rewrite does to the imported graph: tensors replaced (old -> new name),
-    nodes removed, and new placeholders with the variables they stand for."""
+    nodes removed, new placeholders with the storage they stand for, and a record of
+    each fused lookup."""
     replacements: dict = dataclasses.field(default_factory=dict)
     removed: set = dataclasses.field(default_factory=set)
     captures: dict = dataclasses.field(default_factory=dict)
+    records: list = dataclasses.field(default_factory=list)
 
 
-def _rewrite_group(graph, group, table, analysis, own, feature_names, edits):
-    """Reads a group's packed table; its own sites (not stitched) get one fused lookup,
-    its whole-table readers the table's rows. Returns the table's value."""
+def _rewrite_group(graph, group, analysis, own, feature_names, edits):
+    """Reads a group's storage; its own sites (not stitched) get one fused lookup, its
+    whole-table readers the table's rows. Returns the table's value."""
     with tf.name_scope(f"picasso/{group.name}/"):
         handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
         value = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
-    edits.captures[canonical(handle.name)] = table.variable
+    edits.captures[canonical(handle.name)] = StorageRef(group.name)
     if own:
         outputs = _fused_lookup(graph, group, value, own, feature_names)
         for (_, site), out in zip(own, outputs):
             edits.replacements[site.output] = canonical(out.name)
             edits.removed.update(site.chain)
-    for slot in group.slots:
-        for read in _dense_reads_of(analysis, slot.variable):
+        edits.records.append(LookupRecord(outputs[0].op.name, "packed", [group.name],
+                                          [feature_names[site.output] for _, site in own]))
+    for member in group.members:
+        for read in _dense_reads_of(analysis, member.variable):
             # Whole-table readers (a regularizer, say) now read the table's rows.
             with tf.name_scope(f"picasso/{group.name}/"):
-                rows = value[slot.offset:slot.offset + slot.rows]
+                rows = value[member.offset:member.offset + member.rows]
             edits.replacements[read] = canonical(rows.name)
             edits.removed.add(split_tensor_name(read)[0])
     return value
 
 
-def _projection_choice(stitch, plan, config):
+def _projection_choice(stitch, statistics, config):
     """(whether to replace the stitch's MatMul by a stitched projection, why not).
 
     A wide projection (more than MAX_UNITS units) works per distinct id of each site,
@@ -120,11 +124,11 @@ def _projection_choice(stitch, plan, config):
         return False, None
     if not config.projection:
         return False, "projection=False"
-    if projected.units <= MAX_UNITS or not plan.distinct_ids:
+    if projected.units <= MAX_UNITS or not statistics.distinct_ids:
         return True, None
     # Each site weighs by the MatMul's work on it: the columns it fills.
     parts = [p for p in stitch.parts if p.site is not None]
-    share = sum(p.inner * plan.distinct_ids.get(p.site.variable_name, 1.0) for p in parts) / sum(
+    share = sum(p.inner * statistics.distinct_ids.get(p.site.variable_name, 1.0) for p in parts) / sum(
         p.inner for p in parts)
     if share > config.projection_max_distinct:
         return False, (f"{share:.0%} of the warm-up batches' ids are distinct (above "
@@ -132,16 +136,22 @@ def _projection_choice(stitch, plan, config):
     return True, None
 
 
-def _rewrite_stitch(graph, stitch, values, slot_of, feature_names, edits, projection, why_not):
+def _rewrite_stitch(graph, stitch, values, member_of, feature_names, edits, projection, why_not):
     """Replaces the concatenations of a stitch by (reshapes of) one stitched lookup, or
     the stitch's MatMul by a stitched projection; returns the report entry."""
-    layout = _StitchLayout(graph, stitch, values, slot_of, feature_names)
+    layout = _StitchLayout(graph, stitch, values, member_of, feature_names)
     projected = stitch.projection if projection else None
+    features = [feature_names[site.output] for site in stitch.sites]
     if projected:
-        edits.replacements[projected.tensor] = canonical(layout.projection(projected.kernel).name)
+        out = layout.projection(projected.kernel)
+        edits.replacements[projected.tensor] = canonical(out.name)
         edits.removed.add(projected.node)
+        edits.records.append(LookupRecord(layout.op_name, "projection", layout.group_names, features,
+                                          [projected.node]))
     else:
         out = layout.lookup()
+        edits.records.append(LookupRecord(out.op.name, "stitched", layout.group_names, features,
+                                          [concat.node for concat in stitch.outputs]))
         for concat in stitch.outputs:
             shaped = out
             if concat.shape != [-1, stitch.width]:
@@ -167,20 +177,20 @@ def _one_site_per_table(analysis):
 
 
 def _site_args(graph, members, dtype, feature_names):
-    """The per-site inputs and attributes of a lookup op over (slot, site) pairs."""
+    """The per-site inputs and attributes of a lookup op over (member, site) pairs."""
     t = graph.get_tensor_by_name
     # One shared empty tensor stands for "no segments" / "no weights" of every site.
     no_segments, no_weights = tf.zeros([0], tf.int64), tf.zeros([0], dtype)
     no_count = tf.constant(0, tf.int64)
     args = collections.defaultdict(list)
-    for slot, site in members:
+    for member, site in members:
         args["ids_list"].append(t(site.ids))   # the wrappers cast mixed int32/int64 ids to int64
         args["segment_ids_list"].append(
             tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else no_segments)
         args["weights_list"].append(tf.cast(t(site.weights), dtype) if site.weights else no_weights)
         args["num_segments_list"].append(_num_segments(t, site) if site.combiner != "none" else no_count)
-        args["offsets"].append(slot.offset)
-        args["vocab_sizes"].append(slot.rows)
+        args["offsets"].append(member.offset)
+        args["vocab_sizes"].append(member.rows)
         args["combiners"].append(site.combiner)
         args["feature_names"].append(feature_names[site.output])
     return args
@@ -197,7 +207,7 @@ class _StitchLayout:
     """Where a stitch's parts go: its packed tables, its sites' columns and row blocks,
     and its other inputs (dense, copied in) with their columns."""
 
-    def __init__(self, graph, stitch, values, slot_of, feature_names):
+    def __init__(self, graph, stitch, values, member_of, feature_names):
         self.width = stitch.width
         groups, members, self.table_index, self.columns, self.row_blocks = [], [], [], [], []
         self.dense = []   # (tensor, first column, columns)
@@ -206,15 +216,17 @@ class _StitchLayout:
             if part.site is None:
                 self.dense.append((graph.get_tensor_by_name(part.tensor), column, part.inner))
             else:
-                group, slot = slot_of[id(part.site)]
+                group, member = member_of[id(part.site)]
                 if group.name not in [g.name for g in groups]:
                     groups.append(group)
-                members.append((slot, part.site))
+                members.append((member, part.site))
                 self.table_index.append([g.name for g in groups].index(group.name))
                 self.columns.append(column)
                 self.row_blocks.append(part.inner // part.site.dim)
             column += part.inner
         self.graph = graph
+        self.group_names = [g.name for g in groups]
+        self.op_name = None   # the projection op's, once built
         self.tables = [values[g.name] for g in groups]
         self.site_args = _site_args(graph, members, groups[0].dtype, feature_names)
 
@@ -237,6 +249,7 @@ class _StitchLayout:
             out = projection_ops.stitched_projection(
                 self.tables, kernel=kernel, table_index=self.table_index, columns=self.columns,
                 row_blocks=self.row_blocks, width=self.width, **args)
+            self.op_name = out.op.name
             for tensor, column, inner in self.dense:
                 out += tf.matmul(tf.reshape(tensor, [-1, inner]), kernel[column:column + inner])
             return out
@@ -267,3 +280,4 @@ def _feature_names(captured, analysis):
             node = index.node(node.input[0])
         names[site.output] = inputs.get(node.name, site.variable_name)
     return names
+

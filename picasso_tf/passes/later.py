@@ -4,26 +4,26 @@ plainly what it did; asking for behaviour that does not exist yet is an error, n
 a silent no-op."""
 
 
-def hybrid_hash(state, config):
+def hybrid_hash(program, graph, config):
     raise NotImplementedError(
         "picasso_tf: the HybridHash embedding (hybrid_hash=True) is not built yet; "
         "run with hybrid_hash=False (the default)")
 
 
-def distribute(state, config):
+def distribute(program, graph, config):
     world = _horovod_world_size()
     if world > 1:
         raise NotImplementedError(
             f"picasso_tf: hybrid parallelism over {world} Horovod ranks is not built yet; "
             "run a single process, or pass distribute=False to train independent copies knowingly")
-    return state, {"changed": False, "why": "single process: nothing to distribute"}
+    return program, {"changed": False, "why": "single process: nothing to distribute"}
 
 
-def k_interleave(state, config):
+def k_interleave(program, graph, config):
     if config.micro_batches > 1:
         raise NotImplementedError(
             "picasso_tf: micro-batch interleaving (micro_batches > 1) is not built yet; use micro_batches=1")
-    return state, {"changed": False, "why": "interleaving is not built yet; the graph runs as packed"}
+    return program, {"changed": False, "why": "interleaving is not built yet; the graph runs as packed"}
 
 
 def _horovod_world_size():

@@ -13,8 +13,6 @@ import tensorflow as tf
 from picasso_tf.graph.capture import capture, input_signature
 from picasso_tf.graph.graph_def_util import prune
 from picasso_tf.profiling.op_counts import RESOURCE_CLASSES, count_ops, summarize
-from picasso_tf.runtime.fused_update import make_fused_update
-from picasso_tf.runtime.step import GradientApplier
 
 
 def profile(model, batch, out_dir=None, trace_steps=3):
@@ -37,7 +35,7 @@ def profile(model, batch, out_dir=None, trace_steps=3):
         "step_op_ratio": counts["step_picasso"]["total"] / max(1, counts["step_baseline"]["total"]),
         "embedding_sites": len(training_report.get("analysis", {}).get("sites", [])),
         "left_alone": training_report.get("analysis", {}).get("left_alone", []),
-        "packed_groups": len(model.picasso.packed_tables),
+        "packed_groups": len(model.picasso.storages),
     }
     if out_dir:
         _write(out_dir, graphs, report)
@@ -76,16 +74,15 @@ def _baseline_step(model):
 
 
 def _picasso_step(model):
+    """The model's own training step (forward and TrainingStep) on a copy of its optimizer."""
     loss_fn, opt = _loss_fn(model), _fresh_optimizer(model)
-    fused, _ = make_fused_update(opt, model.picasso.packed_tables, model.picasso.config)
+    training_step, _ = model.make_training_step(opt)
     forward = model.rewritten_forward(training=True)
-    trainable = [v for v in forward.variables if v.trainable]
-    applier = GradientApplier(trainable, [], fused)
 
     def step(x, y):
         pred, reg = forward(x)
         loss = loss_fn(y, pred, [reg] if reg is not None else None)
-        applier.apply(opt, loss)
+        training_step.run(opt, loss)
         return loss
     return step
 
@@ -113,9 +110,12 @@ def _write(out_dir, graphs, report):
 
 
 def _trace(model, x, y, logdir, steps):
-    """A profiler trace of a few rewritten training steps; weights are restored after."""
+    """A profiler trace of a few rewritten training steps; weights (and the storage's
+    slots) are restored after."""
     step = tf.function(_picasso_step(model))
-    variables = model.original.variables + [t.variable for t in model.picasso.packed_tables]
+    storages = model.picasso.storages.values()
+    variables = model.original.variables + [s.kernel_input() for s in storages] + [
+        slot for s in storages for slot in s.slots.values()]
     saved = [v.read_value() for v in variables]
     step(x, y)                                    # trace outside the profile
     tf.profiler.experimental.start(logdir)

@@ -1,29 +1,50 @@
-"""The rewritten model at run time: forward pass and the gradient/apply half of a step.
+"""The rewritten model at run time: its forward pass and a training step in stages.
 
-Forward imports the rewritten GraphDef into the function being traced. Gradients come
-from tf.gradients (the tape does not see imported ops). Embedding tables (packed or
-not) always receive row-sparse gradients (tf.IndexedSlices); a dense gradient for a
-table is a bug and stops the trace instead of silently densifying the table.
+Forward imports the rewritten GraphDef into the function being traced, with each
+StorageRef placeholder fed its table group's storage. Gradients come from
+tf.gradients (the tape does not see imported ops). Embedding tables (packed or not)
+always receive row-sparse gradients (tf.IndexedSlices); a dense gradient for a table
+is a bug and stops the trace instead of silently densifying the table.
+
+The step's stages, in order (ARCHITECTURE.md §2):
+
+  backward    the loss's gradients: row-sparse for the tables' storage, dense else
+  accumulate  micro-batches' gradients summed into one step's (D-interleaving adds
+              micro-batches here; with one there is nothing to sum)
+  exchange    collectives (Horovod: tables' row gradients to their owners over
+              AllToAllv, dense gradients in one grouped Allreduce; one process: none)
+  apply       fused row-sparse updates on the storage, the Keras optimizer for the rest
+
+When nothing stands between backward and apply (one micro-batch, one process) the
+step may fuse them: the stitched lookups' and projections' gradient kernels then
+update their tables in place (config.apply_in_gradient).
 """
+import dataclasses
+from typing import List
+
 import tensorflow as tf
 
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
 from picasso_tf.ops.in_gradient import update_tables_in_gradient
+from picasso_tf.program import StorageRef
 from picasso_tf.runtime.fused_update import InGradientUpdates
 
 
 class RewrittenForward:
-    """Calls a rewritten CapturedGraph on a batch of features."""
+    """Calls a rewritten CapturedGraph on a batch of features; `storages` (group name
+    -> EmbeddingStorage) feed its StorageRef placeholders."""
 
-    def __init__(self, captured):
+    def __init__(self, captured, storages):
         self.captured = captured
+        self.captures = {name: storages[v.group].kernel_input() if isinstance(v, StorageRef) else v
+                         for name, v in captured.captures.items()}
 
     def __call__(self, inputs):
         c = self.captured
         outs, masks = c.output_tensors, c.mask_tensors
         names = outs + masks + ([c.regularization_loss] if c.regularization_loss else [])
         tensors = import_forward(c.graph_def, c.input_tensors, conform_inputs(c.input_specs, inputs),
-                                 c.captures, names)
+                                 self.captures, names)
         flat_outputs = tensors[:len(outs)]
         mask_values = iter(tensors[len(outs):len(outs) + len(masks)])
         for tensor, mask in zip(flat_outputs, c.output_masks):
@@ -35,49 +56,72 @@ class RewrittenForward:
 
     @property
     def variables(self):
-        return list(self.captured.variables.values())
+        return [v for v in self.captures.values() if isinstance(v, tf.Variable)]
 
 
-class GradientApplier:
-    """Differentiates a loss with tf.gradients and applies the updates: packed tables
-    through the fused row-sparse optimizer when one serves, everything else through
-    the user's Keras optimizer."""
+@dataclasses.dataclass
+class Gradients:
+    """One step's gradients: the storages' (for the fused update) and the rest (for the
+    Keras optimizer), and the tables a gradient kernel already updated."""
+    tables: List[tuple]
+    dense: List[tuple]
+    updated_in_gradient: List[tf.Variable] = dataclasses.field(default_factory=list)
+    update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)
+
+
+class TrainingStep:
+    """The gradient half of a training step, in the stages of the module docstring.
+
+    trainable: the variables the forward pass reads that train; table_variables: every
+    embedding table (original or storage) whose gradient must stay row-sparse, except
+    those in densely_read (the model reads them whole, so their gradient is dense in the
+    original model too); fused: the FusedTableUpdate of the storages, or None."""
 
     def __init__(self, trainable, table_variables, fused=None, densely_read=()):
         self.trainable = list(trainable)
-        # Tables whose whole value the model itself reads (e.g. a regularizer) get dense
-        # gradients in the original model too; any other table's must stay row-sparse.
         self.tables = {v.ref() for v in table_variables} - {v.ref() for v in densely_read}
-        self.fused = fused          # picasso_tf.runtime.fused_update.FusedTableUpdate or None
+        self.fused = fused
 
-    def gradients(self, loss):
-        grads = tf.gradients(loss, self.trainable)
+    def run(self, optimizer, loss):
+        """Adds the step's updates; returns the tables updated inside their gradient kernels."""
+        one_stage = self.fused is not None and self.fused.in_gradient
+        gradients = self.backward(loss, optimizer.iterations, fuse_apply=one_stage)
+        gradients = self.exchange(self.accumulate([gradients]))
+        self.apply(optimizer, gradients)
+        return gradients.updated_in_gradient
+
+    def backward(self, loss, iteration, fuse_apply=False):
+        in_gradient = InGradientUpdates(self.fused, iteration) if fuse_apply else None
+        with update_tables_in_gradient(in_gradient):
+            grads = tf.gradients(loss, self.trainable)
+        pairs = []
         for var, grad in zip(self.trainable, grads):
             if var.ref() in self.tables and grad is not None and not isinstance(grad, tf.IndexedSlices):
                 raise AssertionError(f"picasso_tf: the gradient of embedding table {var.name} became dense "
                                      f"({grad.op.type}); please report this model")
-        return grads
+            if grad is not None:
+                pairs.append((grad, var))
+        fused = self.fused.handles if self.fused is not None else (lambda var: False)
+        return Gradients(tables=[(g, v) for g, v in pairs if fused(v)], dense=[(g, v) for g, v in pairs if not fused(v)],
+                         updated_in_gradient=in_gradient.variables if in_gradient else [],
+                         update_ops=in_gradient.ops if in_gradient else [])
 
-    def apply(self, optimizer, loss):
-        """Adds the step's updates; returns the tables updated inside their gradient kernels."""
+    def accumulate(self, micro_batches):
+        (gradients,) = micro_batches     # micro_batches > 1 is refused by the k_interleave pass
+        return gradients
+
+    def exchange(self, gradients):
+        return gradients                 # one process: the distribute pass refuses more
+
+    def apply(self, optimizer, gradients):
         if self.fused is None:
-            optimizer.apply_gradients([(g, v) for g, v in zip(self.gradients(loss), self.trainable)
-                                       if g is not None])
-            return []
-        # Tables that a fused gradient kernel updates itself get no gradient here.
-        in_gradient = InGradientUpdates(self.fused, optimizer.iterations) if self.fused.in_gradient else None
-        with update_tables_in_gradient(in_gradient):
-            grads = self.gradients(loss)
-        pairs = [(g, v) for g, v in zip(grads, self.trainable) if g is not None]
-        fused = [(g, v) for g, v in pairs if self.fused.handles(v)]
-        rest = [(g, v) for g, v in pairs if not self.fused.handles(v)]
+            optimizer.apply_gradients(gradients.tables + gradients.dense)
+            return
         # The fused updates read optimizer.iterations before Keras increments it, so both
         # halves of the step use the same step count.
-        update = tf.group([self.fused.apply(fused, optimizer.iterations)] + (in_gradient.ops if in_gradient else []))
+        update = tf.group([self.fused.apply(gradients.tables, optimizer.iterations)] + gradients.update_ops)
         with tf.control_dependencies([update]):
-            if rest:
-                optimizer.apply_gradients(rest)
+            if gradients.dense:
+                optimizer.apply_gradients(gradients.dense)
             else:
                 optimizer.iterations.assign_add(1)
-        return in_gradient.variables if in_gradient else []
-

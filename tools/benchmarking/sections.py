@@ -212,8 +212,8 @@ def build_trio(build, data, batch_size, optimizer, sizes, with_bound=True, optio
         variants.append(Variant(name, _compile(pic, optimizer), in_memory_dataset(source), batch_size))
     if "picasso" in copies:
         copy, pic = copies["picasso"]
-        info["packed_groups"] = len(pic.picasso.packed_tables)
-        info["embedding_tables"] = len(pic.picasso.table_variables) - len(pic.picasso.packed_tables)
+        info["packed_groups"] = len(pic.picasso.storages)
+        info["embedding_tables"] = len(pic.picasso.table_variables) - len(pic.picasso.storages)
         report = pic.picasso.reports.get("training", {})
         info["embedding_sites"] = len(report.get("analysis", {}).get("sites", []))
         info["left_alone"] = len(report.get("analysis", {}).get("left_alone", []))
@@ -387,7 +387,7 @@ def run_packing(sizes, progress):
                 copy, pic = copies["picasso"]
                 tables = [copy.get_layer(f"emb_{f.name}").embeddings for f in data.schema.categorical]
                 out["stages"] = stage_times(data.schema, data.features, data.labels, sizes.packing_batch,
-                                            pic.picasso.plan, tables, repeats=sizes.stage_repeats, seed=sizes.seed)
+                                            pic.picasso.program.tables, tables, repeats=sizes.stage_repeats, seed=sizes.seed)
             del trio, copies
         except Exception as e:       # noqa: BLE001
             out["rows"].append({"name": config, "model": config, "error": _error(e),

@@ -29,19 +29,19 @@ import numpy as np
 import tensorflow as tf
 
 
-def _groups_from_plan(plan, tables_by_field):
-    """[(dim, [field indices], [row offsets])] in the plan's packed groups."""
+def _groups_of_layouts(layouts, tables_by_field):
+    """[(dim, [field indices], [row offsets])] in the program's table layouts."""
     field_of = {t.ref(): i for i, t in enumerate(tables_by_field)}
     out = []
-    for g in plan.groups or ():
-        members = [(field_of[s.variable.ref()], s.offset) for s in g.slots if s.variable.ref() in field_of]
+    for g in layouts or ():
+        members = [(field_of[m.variable.ref()], m.offset) for m in g.members if m.variable.ref() in field_of]
         if members:
             out.append((g.dim, [m[0] for m in members], [m[1] for m in members],
-                        sum(s.rows for s in g.slots)))
+                        g.num_rows))
     return out
 
 
-def stage_times(schema, features, labels, batch_size, plan, tables_by_field, repeats=15, seed=0,
+def stage_times(schema, features, labels, batch_size, layouts, tables_by_field, repeats=15, seed=0,
                 learning_rate=0.01, epsilon=1e-7):
     """{stage: {"ms": median, "q1", "q3"}} plus "unique_rows" and "groups"."""
     from picasso_tf.ops import sparse_apply
@@ -51,7 +51,7 @@ def stage_times(schema, features, labels, batch_size, plan, tables_by_field, rep
     fields = list(schema.categorical)
     dims = [f.embedding_dim for f in fields]
     ids = [tf.constant(features[f.name][:batch_size]) for f in fields]
-    groups = _groups_from_plan(plan, tables_by_field)
+    groups = _groups_of_layouts(layouts, tables_by_field)
     rng = np.random.default_rng(seed)
     packed = [tf.Variable(rng.uniform(-0.05, 0.05, (rows, d)).astype(np.float32)) for d, _, _, rows in groups]
     accumulators = [tf.Variable(tf.fill([rows, d], 0.1)) for d, _, _, rows in groups]

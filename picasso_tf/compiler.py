@@ -1,0 +1,32 @@
+"""picasso_tf.compile: a model in, a Program out, with no Keras in between.
+
+Capture traces the model's forward pass (training and inference) into GraphDefs; the
+analysis finds the embedding sites; warm-up data (or the input shapes) give the
+statistics the plan needs; the passes rewrite the graphs. The result is a Program
+(picasso_tf.program): GraphDefs and records only. The Keras face (picasso_tf.api)
+builds the storage it names and runs it.
+"""
+from picasso_tf.config import Config
+from picasso_tf.graph.analysis import find_embedding_sites
+from picasso_tf.graph.capture import capture, input_signature
+from picasso_tf.passes.manager import run_passes
+from picasso_tf.passes.statistics import static_accesses, warmup_statistics
+from picasso_tf.program import Program, Statistics
+
+
+def compile_program(model, config=None, example_inputs=None, warmup_data=None, specs=None):
+    """The Program of `model` (anything callable as model(inputs, training=...) whose
+    variables are tf.Variables). example_inputs: a batch, for models that do not know
+    their input signature; specs: the signature itself. warmup_data: a tf.data.Dataset
+    of (features, label) batches whose first config.warmup_batches feed the plan."""
+    config = config or Config()
+    specs = specs if specs is not None else input_signature(model, example_inputs)
+    graphs = {"training": capture(model, specs, training=True), "inference": capture(model, specs, training=False)}
+    analyses = {name: find_embedding_sites(graph) for name, graph in graphs.items()}
+    training, analysis = graphs["training"], analyses["training"]
+    if warmup_data is not None and config.warmup_batches:
+        accesses, distinct = warmup_statistics(training, analysis, warmup_data, config.warmup_batches)
+        statistics = Statistics(accesses, distinct, f"{config.warmup_batches} warm-up batches")
+    else:
+        statistics = Statistics(static_accesses(training, analysis), {}, "input shapes")
+    return run_passes(Program(graphs=graphs, analyses=analyses, statistics=statistics), config)
