@@ -67,6 +67,11 @@ class UsageError(Exception):
     """A problem with the arguments or the data: printed as one line, exit code 2."""
 
 
+# How a zoo builder or picasso_tf.optimize refuses the options it was given (an option
+# not built yet, a value out of range, an unknown keyword): usage errors, not crashes.
+REFUSALS = (NotImplementedError, ValueError, TypeError)
+
+
 # -- multi-process launchers -----------------------------------------------------------------------
 
 _SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -174,6 +179,11 @@ def _options(items, what):
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _given(flag, items):
+    """" with --flag a=1 b=2" naming the options the user gave, or ""."""
+    return f" with {flag} {' '.join(items)}" if items else ""
 
 
 def _check_numbers(args):
@@ -589,7 +599,7 @@ def run(args):
     picasso_options = _options(args.picasso_option, "--picasso-option")
     try:
         picasso_tf.Config.from_options(**picasso_options)
-    except (TypeError, ValueError) as e:
+    except REFUSALS as e:
         raise UsageError(f"--picasso-option: {first_line(e)}") from None
     recipe = zoo_recipe(args.model, optimizer=args.optimizer, learning_rate=args.learning_rate,
                         batch_size=args.batch_size, epochs=args.epochs)
@@ -631,8 +641,9 @@ def run(args):
     params.update(hparams)
     try:
         reference = meta.builder(schema, **params)
-    except TypeError as e:
-        raise UsageError(f"--hparam for {args.model}: {first_line(e)}") from None
+    except REFUSALS as e:
+        raise UsageError(f"--model {args.model}{_given('--hparam', args.hparam)} cannot be built: "
+                         f"{first_line(e)}") from None
     plan["outputs"] = output_names(reference)
     unlabeled = [n for n in plan["outputs"] if n not in schema.labels]
     if unlabeled:
@@ -651,8 +662,12 @@ def run(args):
             if not same or len(original.weights) != len(reference.weights):
                 raise RuntimeError("the picasso copy of the model did not get the baseline's initial weights")
         t = time.perf_counter()
-        models["picasso"] = picasso_tf.optimize(
-            original, warmup_data=data.train.dataset(bs, shuffle=True, seed=args.seed), **picasso_options)
+        try:
+            models["picasso"] = picasso_tf.optimize(
+                original, warmup_data=data.train.dataset(bs, shuffle=True, seed=args.seed), **picasso_options)
+        except REFUSALS as e:
+            raise UsageError(f"picasso_tf.optimize refused --model {args.model}"
+                             f"{_given('--picasso-option', args.picasso_option)}: {first_line(e)}") from None
         print(f"  [picasso] graph rewritten in {time.perf_counter() - t:.1f}s", flush=True)
     for model in models.values():
         _compile(model, recipe)
