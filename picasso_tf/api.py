@@ -146,7 +146,10 @@ class PicassoModel(tf.keras.Model):
             self.picasso_tables.track_slots()
         note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
-        trainable = [v for v in self._forward[True].variables if v.trainable]
+        # The model's own list decides (a trainable=False layer keeps trainable variables).
+        training = {v.ref() for v in self.original.trainable_variables} | {
+            s.kernel_input().ref() for s in storages if s.layout.trainable}
+        trainable = [v for v in self._forward[True].variables if v.ref() in training]
         return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read), note
 
     def _ensure_rewritten(self, inputs):
@@ -187,6 +190,13 @@ class PicassoModel(tf.keras.Model):
         updated = self._training_step().run(self.optimizer, loss)
         self.picasso.updated_in_gradient = [v.name for v in updated]
         return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        # The original tables are written current too, so that the file also restores into
+        # a wrapped model without storage (packing=False); a model with storage restores
+        # its tables from their logical-table entries.
+        self.picasso.write_back()
+        return super().save_weights(filepath, *args, **kwargs)
 
     def get_config(self):
         return {"original": tf.keras.layers.serialize(self.original), "picasso": self.picasso.config.to_dict()}

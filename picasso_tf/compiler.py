@@ -29,4 +29,15 @@ def compile_program(model, config=None, example_inputs=None, warmup_data=None, s
         statistics = Statistics(accesses, distinct, f"{config.warmup_batches} warm-up batches")
     else:
         statistics = Statistics(static_accesses(training, analysis), {}, "input shapes")
-    return run_passes(Program(graphs=graphs, analyses=analyses, statistics=statistics), config)
+    program = Program(graphs=graphs, analyses=analyses, statistics=statistics, frozen=frozen_variables(model))
+    return run_passes(program, config)
+
+
+def frozen_variables(model):
+    """Names of the model's variables that do not train. A Keras layer made with
+    trainable=False keeps trainable variables: the model's trainable_variables decide."""
+    variables = list(getattr(model, "variables", ()))
+    if hasattr(model, "trainable_variables"):
+        training = {v.ref() for v in model.trainable_variables}
+        return frozenset(v.name.split(":")[0] for v in variables if v.ref() not in training)
+    return frozenset(v.name.split(":")[0] for v in variables if not v.trainable)

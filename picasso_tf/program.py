@@ -9,13 +9,15 @@ TensorFlow state: the tables it names are created by the runtime's storage
   analyses    per graph, its embedding sites as captured (once K-packing has run, a
               graph's fused lookups are described by `lookups`, not by sites)
   statistics  ids per example and distinct-id shares (warm-up data or input shapes)
+  frozen      names of the variables the model does not train (Keras' trainable=False
+              layers keep trainable variables, so the model's own list decides)
   tables      the TableLayouts: which original tables form a group, at which rows
   lookups     per graph, a LookupRecord for every fused lookup: what later passes
               (hybrid storage, sharding, interleaving) rewrite, found by record
   reports     per graph, the analysis and what each pass did
 """
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, FrozenSet, List, Optional
 
 import tensorflow as tf
 
@@ -45,6 +47,7 @@ class TableLayout:
     dtype: tf.DType
     members: List[TableMember]
     densely_read: bool = False    # some member table is also read whole: its gradient is dense
+    trainable: bool = True        # False: frozen tables, packed apart, never updated
     kind: str = "dense"           # the storage kind (picasso_tf.embedding.storage.STORAGE_KINDS)
 
     @property
@@ -94,6 +97,7 @@ class Program:
     graphs: Dict[str, CapturedGraph]
     analyses: Dict[str, Analysis]
     statistics: Statistics
+    frozen: FrozenSet[str] = frozenset()
     tables: Optional[List[TableLayout]] = None
     lookups: Dict[str, List[LookupRecord]] = dataclasses.field(default_factory=dict)
     reports: Dict[str, dict] = dataclasses.field(default_factory=dict)

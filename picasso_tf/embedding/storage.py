@@ -73,7 +73,7 @@ class DenseStorage(EmbeddingStorage):
             initial = tf.concat([m.variable.read_value() for m in layout.members], axis=0)
             # D-packing groups frozen tables apart, so a group trains as its members do.
             self.variable = tf.Variable(initial, name=f"picasso/{layout.name}", dtype=layout.dtype,
-                                        trainable=all(m.variable.trainable for m in layout.members))
+                                        trainable=layout.trainable)
 
     def kernel_input(self):
         return self.variable

@@ -17,19 +17,20 @@ def d_packing(program, graph, config):
     if program.tables is None:      # planned once, on the first (training) graph
         program = dataclasses.replace(program, tables=plan_groups(
             program.analyses[graph], program.statistics.accesses,
-            config.max_shards if config.shard_heavy_groups else 1))
+            config.max_shards if config.shard_heavy_groups else 1, program.frozen))
     return program, {"groups": len(program.tables), "tables": sum(len(t.members) for t in program.tables),
                      "statistics": program.statistics.source, "plan": program.describe_tables()}
 
 
-def plan_groups(analysis, accesses, max_shards=4):
+def plan_groups(analysis, accesses, max_shards=4, frozen=frozenset()):
     # Tables read densely too (e.g. by a regularizer) get dense gradients: they pack
     # only with each other, so the other tables keep row-sparse updates. Frozen tables
-    # (trainable=False) pack only with each other too, and their group never trains.
+    # (not among the model's trainable variables) pack only with each other too, and
+    # their group never trains.
     by_key = collections.OrderedDict()
     for site in analysis.sites:
         variable = analysis.tables[site.table]
-        key = (site.dim, site.dtype, analysis.densely_read(variable), variable.trainable)
+        key = (site.dim, site.dtype, analysis.densely_read(variable), _name(variable) not in frozen)
         by_key.setdefault(key, collections.OrderedDict()).setdefault(variable.ref(), variable)
     groups = []
     for (dim, dtype, dense, trainable), tables in by_key.items():
@@ -47,7 +48,7 @@ def plan_groups(analysis, accesses, max_shards=4):
         for i, shard in enumerate(_balanced_split(members, dim, shards)):
             name = f"packed_{dtype.name}_d{dim}{suffix}" + (f"_s{i}" if shards > 1 else "")
             packed.append(TableLayout(name=name, dim=dim, dtype=dtype, members=_with_offsets(shard),
-                                      densely_read=dense))
+                                      densely_read=dense, trainable=not suffix.endswith("_frozen")))
     return packed
 
 

@@ -14,6 +14,8 @@ from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer, Unsup
 class FusedTableUpdate:
     def __init__(self, optimizer, storages, lazy, in_gradient=True):
         self.optimizer = RowSparseOptimizer.from_keras(optimizer, lazy=lazy)
+        # A frozen group (trainable=False tables) is neither updated nor given slots.
+        storages = [s for s in storages if s.layout.trainable]
         self.in_gradient = in_gradient   # config.apply_in_gradient
         self.storages = {s.kernel_input().ref(): s for s in storages}
         self.decay = {}
