@@ -341,15 +341,19 @@ class PackedLookupOp : public OpKernel {
  public:
   explicit PackedLookupOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, layout_.Init(c, /*with_combiners=*/true));
+    OP_REQUIRES_OK(c, c->GetAttr("table_index", &table_index_));
+    int num_tables;
+    OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables));
+    TableSites by_table;  // checks table_index
+    OP_REQUIRES_OK(c, by_table.Init(kLookupOp, layout_, table_index_, num_tables));
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& table = ctx->input(0);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(table.shape()),
-                errors::InvalidArgument(kLookupOp, ": table must be a matrix [rows, dim]; ",
-                                        "got ", table.shape().DebugString()));
-    OP_REQUIRES_OK(ctx, layout_.CheckRows(kLookupOp, table.dim_size(0)));
-    const int64_t d = table.dim_size(1);
+    OpInputList tables;
+    OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
+    std::vector<const T*> values;
+    std::vector<int64_t> dims;
+    OP_REQUIRES_OK(ctx, SiteTables<T>(kLookupOp, layout_, table_index_, tables, &values, &dims));
     std::vector<Site<T, Tid>> sites;
     OP_REQUIRES_OK(ctx, ReadSites(ctx, kLookupOp, layout_, &sites));
     const int num_sites = layout_.size();
@@ -361,16 +365,16 @@ class PackedLookupOp : public OpKernel {
     std::vector<RowPlace<T>> places(num_sites);
     for (int i = 0; i < num_sites; ++i) {
       Tensor* t;
+      const int64_t d = dims[i];
       OP_REQUIRES_OK(ctx, outputs.allocate(i, OutputShape(sites[i], ids[i], d), &t));
       places[i] = {t->flat<T>().data(), 1, d, d};
     }
-    OP_REQUIRES_OK(ctx, RunLookup(ctx, kLookupOp, layout_, sites,
-                                  std::vector<const T*>(num_sites, table.flat<T>().data()),
-                                  std::vector<int64_t>(num_sites, d), places));
+    OP_REQUIRES_OK(ctx, RunLookup(ctx, kLookupOp, layout_, sites, values, dims, places));
   }
 
  private:
   PackedLayout layout_;
+  std::vector<int64_t> table_index_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -563,28 +567,21 @@ struct LookupGradAttrs {
     op = c->def().op();
     TF_RETURN_IF_ERROR(layout.Init(c, /*with_combiners=*/true));
     const int n = layout.size();
-    if (kStitched) {
-      TF_RETURN_IF_ERROR(stitch.Init(c, n));
-      TF_RETURN_IF_ERROR(c->GetAttr("table_index", &table_index));
-      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &num_rows));
-      int num_tables;
-      TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
-      if (table_index.size() != n || dims.size() != num_tables || num_rows.size() != num_tables) {
-        return errors::InvalidArgument(op, ": table_index needs one entry per site (", n,
-                                       "), dims and num_rows one per table (", num_tables, ")");
+    if (kStitched) TF_RETURN_IF_ERROR(stitch.Init(c, n));
+    TF_RETURN_IF_ERROR(c->GetAttr("table_index", &table_index));
+    TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+    TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &num_rows));
+    int num_tables;
+    TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
+    if (table_index.size() != n || dims.size() != num_tables || num_rows.size() != num_tables) {
+      return errors::InvalidArgument(op, ": table_index needs one entry per site (", n,
+                                     "), dims and num_rows one per table (", num_tables, ")");
+    }
+    for (int t = 0; t < num_tables; ++t) {
+      if (num_rows[t] < 0 || dims[t] < 0) {
+        return errors::InvalidArgument(op, ": table ", t, " has num_rows ", num_rows[t],
+                                       " and dims ", dims[t], "; both must be >= 0");
       }
-      for (int t = 0; t < num_tables; ++t) {
-        if (num_rows[t] < 0 || dims[t] < 0) {
-          return errors::InvalidArgument(op, ": table ", t, " has num_rows ", num_rows[t],
-                                         " and dims ", dims[t], "; both must be >= 0");
-        }
-      }
-    } else {
-      int64_t rows;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &rows));
-      num_rows = {rows};
-      table_index.assign(n, 0);
     }
     TF_RETURN_IF_ERROR(by_table.Init(op.c_str(), layout, table_index, num_rows.size()));
     for (size_t t = 0; t < num_rows.size(); ++t) {
@@ -629,13 +626,8 @@ class LookupGradients {
       OpInputList grad_list, ids;
       TF_RETURN_IF_ERROR(ctx->input_list("grads", &grad_list));
       TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
-      if (grad_list[0].dims() < 2) {
-        return errors::InvalidArgument(op, ": grads must have rank >= 2 [..., dim]; got ",
-                                       grad_list[0].shape().DebugString());
-      }
-      const int64_t d = grad_list[0].dim_size(grad_list[0].dims() - 1);
-      dims = {d};
       for (int i = 0; i < num_sites; ++i) {
+        const int64_t d = dims[attrs.table_index[i]];
         const TensorShape expected = OutputShape(sites[i], ids[i], d);
         if (grad_list[i].shape() != expected) {
           return errors::InvalidArgument(op, ": the gradient of ", layout.Feature(i),
@@ -905,19 +897,32 @@ Status PackedLookupShape(InferenceContext* c) {
     return errors::InvalidArgument(kLookupOp, ": combiners needs one entry per site (", n,
                                    "); got ", combiners.size());
   }
-  ShapeHandle table;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &table));
+  int num_tables;
+  std::vector<int64_t> table_index;
+  TF_RETURN_IF_ERROR(c->GetAttr("G", &num_tables));
+  TF_RETURN_IF_ERROR(c->GetAttr("table_index", &table_index));
+  if (table_index.size() != n) {
+    return errors::InvalidArgument(kLookupOp, ": table_index needs one entry per site (", n,
+                                   "); got ", table_index.size());
+  }
   for (int i = 0; i < n; ++i) {
+    if (table_index[i] < 0 || table_index[i] >= num_tables) {
+      return errors::InvalidArgument(kLookupOp, ": table_index ", table_index[i], " outside [0, ",
+                                     num_tables, ")");
+    }
+    ShapeHandle table;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(table_index[i]), 2, &table));
+    const int ids_input = num_tables + i;
     if (combiners[i] == "none") {  // ids.shape + [D]
       ShapeHandle out;
-      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1 + i), c->Vector(c->Dim(table, 1)), &out));
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(ids_input), c->Vector(c->Dim(table, 1)), &out));
       c->set_output(i, out);
       continue;
     }
     ShapeHandle ids;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(1 + i), 1, &ids));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(ids_input), 1, &ids));
     DimensionHandle rows;
-    TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(1 + 3 * n + i, &rows));
+    TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(num_tables + 3 * n + i, &rows));
     c->set_output(i, c->Matrix(rows, c->Dim(table, 1)));
   }
   return OkStatus();
@@ -930,23 +935,14 @@ Status StitchedLookupShape(InferenceContext* c) {
   return OkStatus();
 }
 
-Status StitchedLookupGradShape(InferenceContext* c) {
+// Per table t of a lookup gradient: unique rows [U_t] and their gradients [U_t, dims[t]].
+Status TableGradsShape(InferenceContext* c) {
   std::vector<int64_t> dims;
   TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
-  ShapeHandle grad;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
   for (size_t t = 0; t < dims.size(); ++t) {
     c->set_output(t, c->Vector(InferenceContext::kUnknownDim));
     c->set_output(dims.size() + t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
   }
-  return OkStatus();
-}
-
-Status PackedLookupGradShape(InferenceContext* c) {
-  ShapeHandle grad;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 2, &grad));
-  c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-  c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, c->Dim(grad, -1)));
   return OkStatus();
 }
 
@@ -972,25 +968,28 @@ counts: how many ids map to each unique row.
 )doc");
 
 REGISTER_OP("PicassoPackedLookup")
-    .Input("table: T")
+    .Input("tables: G * T")
     .Input("ids: N * Tid")
     .Input("segment_ids: N * int64")
     .Input("weights: N * T")
     .Input("num_segments: N * int64")
     .Output("outputs: N * T")
+    .Attr("G: int >= 1")
     .Attr("N: int >= 1")
     .Attr("T: {float, double}")
     .Attr("Tid: {int32, int64}")
+    .Attr("table_index: list(int)")
     PICASSO_SITE_ATTRS
     .SetShapeFn(PackedLookupShape)
     .Doc(R"doc(
-Looks up every site's ids in a packed table [R, D] and pools them per segment.
+Looks up every site's ids in its table [R, D] and pools them per segment.
 
-Site i reads rows offsets[i] + ids[i]. combiners[i] "none": outputs[i] is [n_i, D],
-row j = weights[j] * table[offset + ids[j]] (segment_ids[i] empty). "sum", "mean",
-"sqrtn": outputs[i] is [num_segments[i], D], the weighted sum of the rows whose
-segment id is s, divided by sum(w) (mean) or sqrt(sum(w^2)) (sqrtn), zero rows for
-empty segments, as tf.nn.embedding_lookup_sparse. Empty weights mean all ones.
+Site i reads rows offsets[i] + ids[i] of tables[table_index[i]]. combiners[i] "none":
+outputs[i] is [n_i, D], row j = weights[j] * table[offset + ids[j]] (segment_ids[i]
+empty). "sum", "mean", "sqrtn": outputs[i] is [num_segments[i], D], the weighted sum
+of the rows whose segment id is s, divided by sum(w) (mean) or sqrt(sum(w^2)) (sqrtn),
+zero rows for empty segments, as tf.nn.embedding_lookup_sparse. Empty weights mean
+all ones.
 )doc");
 
 REGISTER_OP("PicassoPackedLookupGrad")
@@ -999,19 +998,22 @@ REGISTER_OP("PicassoPackedLookupGrad")
     .Input("segment_ids: N * int64")
     .Input("weights: N * T")
     .Input("num_segments: N * int64")
-    .Output("unique_rows: int64")
-    .Output("row_grads: T")
+    .Output("unique_rows: G * int64")
+    .Output("row_grads: G * T")
+    .Attr("G: int >= 1")
     .Attr("N: int >= 1")
     .Attr("T: {float, double}")
     .Attr("Tid: {int32, int64}")
-    .Attr("num_rows: int >= 0")
+    .Attr("table_index: list(int)")
+    .Attr("num_rows: list(int)")
+    .Attr("dims: list(int)")
     PICASSO_SITE_ATTRS
-    .SetShapeFn(PackedLookupGradShape)
+    .SetShapeFn(TableGradsShape)
     .Doc(R"doc(
-The table gradient of PicassoPackedLookup, row-sparse and deterministic.
+The tables' gradients of PicassoPackedLookup, row-sparse and deterministic.
 
-unique_rows: the packed rows that received a gradient, ascending.
-row_grads: [U, D], the summed gradient of each of those rows.
+unique_rows[t]: the rows of table t that received a gradient, ascending.
+row_grads[t]: [U_t, dims[t]], the summed gradient of each of those rows.
 )doc");
 
 REGISTER_OP("PicassoStitchedLookup")
@@ -1059,7 +1061,7 @@ REGISTER_OP("PicassoStitchedLookupGrad")
     .Attr("dims: list(int)")
     PICASSO_STITCH_ATTRS
     PICASSO_SITE_ATTRS
-    .SetShapeFn(StitchedLookupGradShape)
+    .SetShapeFn(TableGradsShape)
     .Doc(R"doc(
 The gradients of the packed tables [num_rows[t], dims[t]] of a PicassoStitchedLookup
 from the gradient of its output, whose columns hold the sites' gradients, read in

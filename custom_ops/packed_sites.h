@@ -770,7 +770,7 @@ Status SiteTables(const char* op, const PackedLayout& layout,
     if (layout.end_row(i) > table.dim_size(0)) {
       return errors::InvalidArgument(op, ": ", layout.Feature(i), " occupies rows [",
                                      layout.offsets[i], ", ", layout.end_row(i),
-                                     ") of packed table ", table_index[i], ", which has ",
+                                     ") of table ", table_index[i], " of the op, which has ",
                                      table.dim_size(0), " rows");
     }
     values->push_back(table.flat<T>().data());

@@ -10,7 +10,9 @@ The returned PicassoModel is a keras.Model: compile/fit/evaluate/predict, callba
 metrics and save_weights/load_weights work as usual. It compiles the model into a
 Program (picasso_tf.compile), creates the storage the Program's table layouts name,
 and owns train_step: the rewritten graph's forward pass and the staged training step
-(picasso_tf.runtime.step). It knows no GraphDef details.
+(picasso_tf.runtime.step). It knows no GraphDef details. Its checkpoints are the plain
+model's: the same variables (the tables are read in place) and the Keras optimizer's
+slots at the same positions, so either model restores the other's.
 """
 import functools
 
@@ -18,7 +20,6 @@ import tensorflow as tf
 
 from picasso_tf.compiler import compile_program
 from picasso_tf.config import Config
-from picasso_tf.embedding.checkpoint import LogicalTables
 from picasso_tf.embedding.storage import make_storage
 from picasso_tf.graph.capture import input_signature
 from picasso_tf.runtime.fused_update import make_fused_update
@@ -68,7 +69,8 @@ class PicassoInfo:
         return self.program.reports if self.program else {}
 
     def write_back(self):
-        """Copies the storage's rows back into the original model's tables (for serving/export)."""
+        """Makes the original model's tables hold the storage's rows (for serving/export);
+        tables read in place already do."""
         for storage in self.storages.values():
             storage.write_back()
 
@@ -122,13 +124,11 @@ class PicassoModel(tf.keras.Model):
         self.picasso.program, self.picasso.storages = program, storages
         self._forward = {training: RewrittenForward(program.graphs[name], storages)
                          for training, name in ((True, "training"), (False, "inference"))}
-        # Tracked: checkpoints hold each table's rows (and slots) under the table's own name.
-        self.picasso_tables = LogicalTables(storages.values(), self.original)
         analysis = program.analyses["training"]
-        kernel_inputs = [s.kernel_input() for s in storages.values()]
-        self.picasso.table_variables = list(analysis.tables.values()) + kernel_inputs
+        storage_tables = [v for s in storages.values() for v in s.variables()]
+        self.picasso.table_variables = list({v.ref(): v for v in list(analysis.tables.values()) + storage_tables}.values())
         self._densely_read = [v for v in analysis.tables.values() if analysis.densely_read(v)] + [
-            s.kernel_input() for s in storages.values() if s.layout.densely_read]
+            v for s in storages.values() if s.layout.densely_read for v in s.variables()]
         self._step = None
 
     def _training_step(self):
@@ -141,14 +141,15 @@ class PicassoModel(tf.keras.Model):
         """(TrainingStep for `optimizer`, how it updates the storage): what train_step
         runs, for tools that run or inspect the step themselves (picasso_tf.profile)."""
         storages = list(self.picasso.storages.values())
+        with tf.init_scope(), tf.name_scope(optimizer.name or "optimizer"):
+            # Built on the plain model's variables in its order (and under Keras' names):
+            # every slot, the fused updates' too, sits where the plain model's has it.
+            optimizer.build(self.original.trainable_variables)
         fused, note = make_fused_update(optimizer, storages, self.picasso.config)
-        if fused:
-            self.picasso_tables.track_slots()
         note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
         # The model's own list decides (a trainable=False layer keeps trainable variables).
-        training = {v.ref() for v in self.original.trainable_variables} | {
-            s.kernel_input().ref() for s in storages if s.layout.trainable}
+        training = {v.ref() for v in self.original.trainable_variables}
         trainable = [v for v in self._forward[True].variables if v.ref() in training]
         return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read), note
 
@@ -191,12 +192,14 @@ class PicassoModel(tf.keras.Model):
         self.picasso.updated_in_gradient = [v.name for v in updated]
         return self.compute_metrics(x, y, y_pred, sample_weight)
 
-    def save_weights(self, filepath, *args, **kwargs):
-        # The original tables are written current too, so that the file also restores into
-        # a wrapped model without storage (packing=False); a model with storage restores
-        # its tables from their logical-table entries.
-        self.picasso.write_back()
-        return super().save_weights(filepath, *args, **kwargs)
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        if save_type != "checkpoint":
+            return super()._trackable_children(save_type, **kwargs)
+        # The plain model's checkpoint: its layers' variables and the optimizer, at its keys.
+        children = dict(self.original._trackable_children(save_type, **kwargs))
+        if self.optimizer is not None:
+            children["optimizer"] = self.optimizer
+        return children
 
     def get_config(self):
         return {"original": tf.keras.layers.serialize(self.original), "picasso": self.picasso.config.to_dict()}

@@ -4,7 +4,7 @@ TensorFlow state: the tables it names are created by the runtime's storage
 (picasso_tf.embedding.storage) when a PicassoModel is built from it.
 
   graphs      "training" and "inference": CapturedGraphs (GraphDef, inputs, outputs,
-              captures). A placeholder captured as a StorageRef reads a table
+              captures). A placeholder captured as a StorageRef reads a table of a
               group's storage; one captured as a tf.Variable reads the variable.
   analyses    per graph, its embedding sites as captured (once K-packing has run, a
               graph's fused lookups are described by `lookups`, not by sites)
@@ -27,9 +27,8 @@ from picasso_tf.graph.capture import CapturedGraph
 
 @dataclasses.dataclass
 class TableMember:
-    """One original table inside a group: rows [offset, offset + rows)."""
+    """One original table of a group."""
     variable: tf.Variable
-    offset: int
     rows: int
     accesses: float          # ids looked up per example (warm-up statistics)
 
@@ -48,7 +47,7 @@ class TableLayout:
     members: List[TableMember]
     densely_read: bool = False    # some member table is also read whole: its gradient is dense
     trainable: bool = True        # False: frozen tables, packed apart, never updated
-    kind: str = "dense"           # the storage kind (picasso_tf.embedding.storage.STORAGE_KINDS)
+    kind: str = "tables"          # the storage kind (picasso_tf.embedding.storage.STORAGE_KINDS)
 
     @property
     def num_rows(self):
@@ -71,8 +70,10 @@ class TableLayout:
 
 @dataclasses.dataclass(frozen=True)
 class StorageRef:
-    """A captured placeholder's value: the kernel input of table group `group`."""
+    """A captured placeholder's value: what table group `group`'s storage hands the
+    kernels for its member table number `member`."""
     group: str
+    member: int
 
 
 @dataclasses.dataclass

@@ -1,6 +1,8 @@
-"""The compiled Program (no Keras, no TF state in the passes), the storage interface,
-and checkpoints by logical table: a checkpoint restores into a model planned
-differently, and one that does not fit names the table."""
+"""The compiled Program (no Keras, no TF state in the passes), the storage interface
+(the tables read in place: one copy of every row), and checkpoints: the wrapped
+model's is the plain model's, so each restores the other's (optimizer state
+included), a differently planned model restores exactly, and a checkpoint that does
+not fit names the table."""
 import dataclasses
 
 import numpy as np
@@ -15,11 +17,12 @@ BATCH = 32
 FIELDS = [("u", 50, 32), ("i", 70, 32), ("c", 20, 32), ("g", 30, 8)]   # name, vocab, dim
 
 
-def build(vocab_of_u=50, seed=5, frozen=()):
+def build(vocab_of_u=50, seed=5, frozen=(), constraint_of_u=None):
     tf.keras.utils.set_random_seed(seed)
     x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
-    parts = [tf.keras.layers.Embedding(vocab_of_u if n == "u" else v, d, name=f"emb_{n}",
-                                       trainable=n not in frozen)(x[n]) for n, v, d in FIELDS]
+    parts = [tf.keras.layers.Embedding(vocab_of_u if n == "u" else v, d, name=f"emb_{n}", trainable=n not in frozen,
+                                       embeddings_constraint=constraint_of_u if n == "u" else None)(x[n])
+             for n, v, d in FIELDS]
     h = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.Concatenate()(parts))
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(h))
 
@@ -47,11 +50,10 @@ def test_program_is_built_without_keras_and_its_records_name_graph_nodes():
         nodes = {n.name for n in program.graphs[name].graph_def.node}
         assert records and all(r.node in nodes for r in records)
         assert {g for r in records for g in r.groups} <= {t.name for t in program.tables}
-    # Every original table is in exactly one layout, at rows that tile it.
+    # Every original table is in exactly one layout, whole.
     members = [m for t in program.tables for m in t.members]
     assert sorted(m.name for m in members) == sorted(f"emb_{n}/embeddings" for n, _, _ in FIELDS)
-    for layout in program.tables:
-        assert [m.offset for m in layout.members] == list(np.cumsum([0] + [m.rows for m in layout.members])[:-1])
+    assert all(m.rows == m.variable.shape[0] for m in members)
 
 
 def test_a_pass_cannot_create_variables(monkeypatch):
@@ -82,33 +84,66 @@ def warmup():
     return tf.data.Dataset.from_tensor_slices(batches(1, seed=9, skew=1.05)[0]).batch(BATCH)
 
 
-@pytest.mark.parametrize("path", ["save_weights", "tf.train.Checkpoint"])
-def test_checkpoint_restores_into_a_differently_planned_model(tmp_path, path):
-    """Planned from warm-up data, the dim-32 tables land in shards; restored into
-    models planned otherwise (no sharding, no warm-up), the state is the same table by
-    table, and training continues identically."""
-    first = picasso.optimize(build(), warmup_data=warmup(), max_shards=3)
-    assert sum(t.dim == 32 for t in first.picasso.program.tables) > 1
-    train(first, batches(4))
-    others = {"one shard": picasso.optimize(build(seed=6), shard_heavy_groups=False),
-              "no warm-up": picasso.optimize(build(seed=8), max_shards=2)}
-    if path == "save_weights":
-        first.save_weights(str(tmp_path / "w"))
+def save(model, path, kind):
+    if kind == "save_weights":
+        model.save_weights(path)
     else:
-        saved = tf.train.Checkpoint(model=first, optimizer=first.optimizer).write(str(tmp_path / "c"))
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(path)
+
+
+def restore(model, path, kind):
+    if kind == "save_weights":
+        model.load_weights(path)
+    else:
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(path).assert_existing_objects_matched()
+
+
+def plain_weights(model):
+    return [w.numpy() for w in getattr(model, "original", model).weights]
+
+
+@pytest.mark.parametrize("kind", ["save_weights", "tf.train.Checkpoint"])
+@pytest.mark.parametrize("direction", ["wrapped to plain", "plain to wrapped", "wrapped to wrapped planned otherwise",
+                                       "wrapped to wrapped without packing"])
+def test_checkpoints_interchange_with_the_plain_model(tmp_path, kind, direction):
+    """A checkpoint (weights and Adam's slots) written by one model restores into the
+    other, and training continues identically: the wrapped model's checkpoint is the
+    plain model's, whatever the plan (warm-up statistics, shards)."""
+    make = {"plain": lambda seed: build(seed=seed),
+            "wrapped": lambda seed: picasso.optimize(build(seed=seed), warmup_data=warmup(), max_shards=3),
+            "wrapped planned otherwise": lambda seed: picasso.optimize(build(seed=seed), max_shards=2),
+            "wrapped without packing": lambda seed: picasso.optimize(build(seed=seed), packing=False)}
+    source, target = direction.split(" to ")
+    first, second = make[source](5), make[target](6)
+    for model in (first, second):
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.02), loss="binary_crossentropy")
+    train(first, batches(4))
+    save(first, str(tmp_path / "ckpt"), kind)
     after = batches(3, seed=1)
-    expected = train(first, after)
-    for name, other in others.items():
-        other.compile(optimizer=tf.keras.optimizers.Adagrad(0.2), loss="binary_crossentropy")
-        if path == "save_weights":
-            other.load_weights(str(tmp_path / "w"))
-        else:
-            tf.train.Checkpoint(model=other, optimizer=other.optimizer).read(saved)
-        np.testing.assert_allclose(train(other, after), expected, rtol=1e-6, err_msg=name)
-        first.picasso.write_back()
-        other.picasso.write_back()
-        for a, b in zip(first.original.weights, other.original.weights):
-            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{name}: {a.name}")
+    restore(second, str(tmp_path / "ckpt"), kind)
+    np.testing.assert_allclose(train(second, after), train(first, after), rtol=1e-6)
+    for a, b in zip(plain_weights(first), plain_weights(second)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)   # summation order
+    assert first.optimizer.iterations.numpy() == second.optimizer.iterations.numpy() == 7
+
+
+def test_a_wrapped_model_holds_every_table_once():
+    """The storage reads the original tables in place, and its fused optimizer uses
+    the Keras optimizer's slots: after training, the wrapped model's variables and
+    optimizer variables are the plain model's, byte for byte."""
+    plain, wrapped = build(), picasso.optimize(build())
+    for model in (plain, wrapped):
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+        train(model, batches(3))
+    assert "fused Adam" in wrapped.picasso.optimizer_note
+    for storage in wrapped.picasso.storages.values():
+        assert all(v is m.variable for v, m in zip(storage.kernel_inputs(), storage.layout.members))
+
+    def state_bytes(model):
+        return sum(v.numpy().nbytes for v in model.variables + model.optimizer.variables)
+
+    assert state_bytes(wrapped) == state_bytes(plain)
+    assert [v.shape for v in wrapped.optimizer.variables] == [v.shape for v in plain.optimizer.variables]
 
 
 def test_checkpoint_that_does_not_fit_names_the_table(tmp_path):
@@ -128,6 +163,23 @@ def test_frozen_table_keeps_its_values_like_keras():
     np.testing.assert_allclose(train(wrapped, data), train(baseline, data), rtol=1e-5)
     wrapped.picasso.write_back()
     np.testing.assert_array_equal(wrapped.original.get_layer("emb_c").embeddings.numpy(), initial)
+    for a, b in zip(baseline.weights, wrapped.original.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_embeddings_constraint_is_applied_after_the_update_like_keras(optimizer):
+    """Keras applies a variable's constraint after its update; so does the fused step."""
+    def constrained():
+        return build(constraint_of_u=tf.keras.constraints.MaxNorm(0.1, axis=1))
+
+    baseline, wrapped = constrained(), picasso.optimize(constrained())
+    data = batches(5)
+    np.testing.assert_allclose(train(wrapped, data, tf.keras.optimizers.get(optimizer)),
+                               train(baseline, data, tf.keras.optimizers.get(optimizer)), rtol=1e-5)
+    assert "fused" in wrapped.picasso.optimizer_note
+    table = wrapped.original.get_layer("emb_u").embeddings.numpy()
+    assert np.linalg.norm(table, axis=1).max() <= 0.1 + 1e-6
     for a, b in zip(baseline.weights, wrapped.original.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
 

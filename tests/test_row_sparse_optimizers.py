@@ -69,13 +69,19 @@ def _assert_close(got, want, what, bit_exact=False):
         np.testing.assert_array_equal(got, want, err_msg=what)
 
 
+def slots_for(ours, table):
+    """The slots ours updates `table` with: its Keras optimizer's, built on the table."""
+    ours.optimizer.build([table])
+    return ours.keras_slots(table)
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_exact_matches_keras(name):
     keras_opt = OPTIMIZERS[name]()
-    ours = RowSparseOptimizer.from_keras(keras_opt)
+    ours = RowSparseOptimizer.from_keras(OPTIMIZERS[name]())
     init = np.random.default_rng(1).normal(size=(N, D)).astype(np.float32)
     keras_var, table = tf.Variable(init), tf.Variable(init)
-    slots = ours.create_slots(table, "table")
+    slots = slots_for(ours, table)
     keras_opt.build([keras_var])
     keras_slots = KERAS_SLOTS[type(keras_opt).__name__]
     for slot, var in slots.items():  # initial values as Keras'
@@ -104,7 +110,7 @@ def test_exact_ftrl_resets_rows_without_gradient_like_keras():
     exact, lazy = (RowSparseOptimizer.from_keras(K.Ftrl(0.1), lazy=z) for z in (False, True))
     for opt in (exact, lazy):
         table = tf.Variable(init)
-        opt.apply(table, opt.create_slots(table, "t"), [1], tf.ones([1, 2]), 0)
+        opt.apply(table, slots_for(opt, table), [1], tf.ones([1, 2]), 0)
         untouched = table.numpy()[[0, 2, 3]]
         np.testing.assert_array_equal(untouched, 0 * init[:3] if opt is exact else init[:3])
 
@@ -123,7 +129,7 @@ def test_lazy_adam_matches_numpy():
     ours = RowSparseOptimizer.from_keras(K.Adam(0.01), lazy=True)
     init = np.random.default_rng(4).normal(size=(N, D)).astype(np.float32)
     table = tf.Variable(init)
-    slots = ours.create_slots(table, "table")
+    slots = slots_for(ours, table)
     steps = []
     for iteration, (indices, values) in enumerate(_steps(seed=5)):
         rows, grads = _deduplicate(indices, values)
@@ -142,7 +148,7 @@ def test_bit_identical_between_runs(lazy):
     def run():
         opt = RowSparseOptimizer.from_keras(K.AdamW(0.01, amsgrad=True), lazy=lazy)
         table = tf.Variable(np.random.default_rng(6).normal(size=(500, 16)).astype(np.float32))
-        slots = opt.create_slots(table, "t")
+        slots = slots_for(opt, table)
         for iteration, (indices, values) in enumerate(_steps(seed=7, n=500, d=16)):
             opt.apply(table, slots, *_deduplicate(indices, values), iteration)
         return [table.numpy()] + [s.numpy() for s in slots.values()]
@@ -155,7 +161,7 @@ def test_in_tf_function_with_schedule():
     keras_opt = K.SGD(K.schedules.PiecewiseConstantDecay([0], [0.5, 0.1]), momentum=0.5)
     ours = RowSparseOptimizer.from_keras(keras_opt)
     table = tf.Variable(tf.zeros([3, 1]))
-    slots = ours.create_slots(table, "t")
+    slots = slots_for(ours, table)
 
     @tf.function
     def step(iteration):
@@ -174,7 +180,7 @@ def test_weight_decay_can_be_skipped_per_table():
     assert not opt.applies_weight_decay_to(excluded)
     assert opt.applies_weight_decay_to(tf.Variable(tf.ones([2, 1]), name="embeddings"))
     table = tf.Variable(tf.ones([2, 1]))
-    opt.apply(table, opt.create_slots(table, "t"), [0], tf.zeros([1, 1]), 0,
+    opt.apply(table, slots_for(opt, table), [0], tf.zeros([1, 1]), 0,
               apply_weight_decay=False)
     np.testing.assert_array_equal(table.numpy(), np.ones([2, 1]))  # zero grad, no decay
 

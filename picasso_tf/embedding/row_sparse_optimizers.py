@@ -2,11 +2,12 @@
 
 ``RowSparseOptimizer.from_keras(optimizer, lazy=False)`` reads the hyper-parameters
 of a Keras 2.15 ``SGD``, ``Adagrad``, ``Ftrl``, ``Adam``, ``AdamW`` or ``RMSprop``
-and issues the kernels of ``picasso_tf.ops.sparse_apply``: per table,
-``create_slots(table, name)`` once, then every step
-``apply(table, slots, unique_rows, row_grads, iteration)`` with the step's
+and issues the kernels of ``picasso_tf.ops.sparse_apply``: every step, per table,
+``apply(table, keras_slots(table), unique_rows, row_grads, iteration)`` with the step's
 deduplicated gradient rows (each row once, repeated rows' gradients summed, as
-Keras' ``_deduplicate_sparse_grad`` does before its own update).
+Keras' ``_deduplicate_sparse_grad`` does before its own update). The slots are the
+Keras optimizer's own (it must be built with the table among its variables), so a
+checkpoint holds them where the plain model's would.
 
 Exact (default) or lazy. The default reproduces what the Keras optimizer does to a
 variable given a ``tf.IndexedSlices`` gradient, and costs work on every row of the
@@ -46,8 +47,8 @@ caller that applies the Keras optimizer to the dense variables first must pass t
 value it read before that call (or ``optimizer.iterations - 1`` after it).
 
 Refused, with an error naming the option: ``clipnorm``, ``clipvalue``,
-``global_clipnorm`` (Keras clips each variable's whole gradient; a packed table
-holds rows of several variables and the dense part is clipped elsewhere),
+``global_clipnorm`` (Keras clips an embedding's gradient as one row per lookup, the
+fused gradients have one summed row per id),
 ``use_ema``, legacy optimizers (``tf.keras.optimizers.legacy.*``), other optimizer
 classes, and subclasses that override ``update_step``. The fallback for all of
 these is to leave the embedding tables unpacked, updated by the Keras optimizer
@@ -59,6 +60,8 @@ custom_ops/sparse_updates.h), and the scalars are computed here with the same
 TF ops and Python-float roundings as Keras, so tables match a Keras-updated
 variable to the last bit except RMSprop's rsqrt and FTRL's pow (about 1 ulp).
 """
+import dataclasses
+
 import tensorflow as tf
 
 from picasso_tf.ops import sparse_apply
@@ -93,7 +96,7 @@ class RowSparseOptimizer:
     Attributes:
       optimizer: the Keras optimizer whose hyper-parameters are read at each ``apply``.
       lazy: update only the rows with a gradient (see the module docstring).
-      slot_names: names of the slot variables ``create_slots`` makes (Keras' names).
+      slot_names: the Keras slot variables an update uses (Keras' names).
     """
 
     def __init__(self, optimizer, lazy=False):
@@ -110,9 +113,9 @@ class RowSparseOptimizer:
             if value is not None and value > 0:
                 raise UnsupportedOptimizerError(
                     f"The Keras {name} optimizer has `{option}={value}`, which the "
-                    "fused row-sparse updates cannot honour exactly (Keras clips each "
-                    "variable's whole gradient; a packed table holds several variables' "
-                    f"rows). Remove the option, or {_FALLBACK}.")
+                    "fused row-sparse updates cannot honour exactly (Keras clips an "
+                    "embedding's gradient as one row per lookup; the fused gradients have "
+                    f"one summed row per id). Remove the option, or {_FALLBACK}.")
         if getattr(optimizer, "use_ema", False):
             raise UnsupportedOptimizerError(
                 f"The Keras {name} optimizer has `use_ema=True`; the fused "
@@ -120,19 +123,14 @@ class RowSparseOptimizer:
                 f"option, or {_FALLBACK}.")
         return family(optimizer, lazy=lazy)
 
-    def create_slots(self, table: tf.Variable, name: str) -> dict:
-        """Creates the slot variables of `table` (same shape and dtype), initialised as
-        Keras initialises them, named ``f"{name}/{slot}"``; returns {slot: variable}."""
-        shape = tf.TensorShape(table.shape)
-        if not shape.is_fully_defined():
-            raise ValueError(f"Table {name!r} needs a fully defined shape, got {shape}.")
-        slots = {}
-        with tf.init_scope(), tf.device(table.device):
-            for slot in self.slot_names:
-                slots[slot] = tf.Variable(
-                    lambda slot=slot: self._initial_slot_value(slot, shape, table.dtype),
-                    name=f"{name}/{slot}", dtype=table.dtype, trainable=False)
-        return slots
+    def keras_slots(self, table: tf.Variable) -> dict:
+        """{slot: the Keras optimizer's slot variable of `table`}, for ``apply``."""
+        index = getattr(self.optimizer, "_index_dict", {}).get(self.optimizer._var_key(table))
+        if index is None:
+            raise ValueError(f"The {type(self.optimizer).__name__} optimizer was not built with table "
+                             f"{table.name} among its variables; build it with the model's trainable "
+                             "variables first.")
+        return {slot: getattr(self.optimizer, self._KERAS_SLOT_LISTS[slot])[index] for slot in self.slot_names}
 
     def apply(self, table, slots, unique_rows, row_grads, iteration, *,
               apply_weight_decay=True, name=None):
@@ -140,7 +138,7 @@ class RowSparseOptimizer:
 
         Args:
           table: the table's ``tf.Variable`` ``[N, D]`` (float32 or float64).
-          slots: the dict ``create_slots`` returned for it.
+          slots: its slot variables, ``keras_slots(table)``.
           unique_rows: int32/int64 ``[U]``, rows of the table, each at most once.
           row_grads: ``[U, D]``, the summed gradient of each of those rows.
           iteration: int64 scalar, ``optimizer.iterations`` as Keras' ``update_step``
@@ -170,6 +168,23 @@ class RowSparseOptimizer:
                         if apply_weight_decay and weight_decay is not None else 0.0)
         return self._update(slots, dtype, iteration, lr, weight_decay)
 
+    def updates(self, tables, slots, iteration, apply_weight_decay) -> list:
+        """``update`` of each of `tables` (with its slots and whether Keras decays it),
+        the scalars computed once for all the tables that share a dtype and decay."""
+        shared, out = {}, []
+        for table, table_slots, decay in zip(tables, slots, apply_weight_decay):
+            key = (table.dtype, bool(decay))
+            if key not in shared:
+                first = self.update(table, table_slots, iteration, apply_weight_decay=decay)
+                # The kernel's slot order, by slot name.
+                order = [next(n for n, v in table_slots.items() if v is s) for s in first.slots]
+                shared[key] = (first, order)
+                out.append(first)
+                continue
+            first, order = shared[key]
+            out.append(dataclasses.replace(first, slots=[table_slots[n] for n in order]))
+        return out
+
     def changes_only_gradient_rows(self, apply_weight_decay=True) -> bool:
         """Whether an update leaves every row without a gradient as it is: always in the
         lazy form; in the exact form when Keras' update does (Adagrad, SGD without
@@ -192,9 +207,6 @@ class RowSparseOptimizer:
     def _slot_names(self):
         raise NotImplementedError
 
-    def _initial_slot_value(self, slot, shape, dtype):
-        return tf.zeros(shape, dtype)
-
     def _update(self, slots, dtype, iteration, lr, weight_decay):
         raise NotImplementedError
 
@@ -211,6 +223,8 @@ class RowSparseOptimizer:
 
 
 class _Sgd(RowSparseOptimizer):
+    _KERAS_SLOT_LISTS = {"m": "momentums"}
+
     def _slot_names(self):
         momentum = self.optimizer.momentum
         # Keras always keeps "m", but with momentum 0 it changes no row without a gradient.
@@ -227,12 +241,10 @@ class _Sgd(RowSparseOptimizer):
 
 
 class _Adagrad(RowSparseOptimizer):
+    _KERAS_SLOT_LISTS = {"accumulator": "_accumulators"}
+
     def _slot_names(self):
         return ("accumulator",)
-
-    def _initial_slot_value(self, slot, shape, dtype):
-        # keras.initializers.Constant(initial_accumulator_value)(shape, dtype)
-        return tf.constant(self.optimizer.initial_accumulator_value, dtype=dtype, shape=shape)
 
     def _update(self, slots, dtype, iteration, lr, weight_decay):
         return sparse_apply.adagrad_update(
@@ -244,13 +256,10 @@ class _Adagrad(RowSparseOptimizer):
 
 
 class _Ftrl(RowSparseOptimizer):
+    _KERAS_SLOT_LISTS = {"accumulator": "_accumulators", "linear": "_linears"}
+
     def _slot_names(self):
         return ("accumulator", "linear")
-
-    def _initial_slot_value(self, slot, shape, dtype):
-        if slot == "accumulator":  # Keras fills in float32, then casts
-            return tf.cast(tf.fill(shape, self.optimizer.initial_accumulator_value), dtype)
-        return tf.zeros(shape, dtype)
 
     def _update(self, slots, dtype, iteration, lr, weight_decay):
         opt = self.optimizer
@@ -265,6 +274,8 @@ class _Ftrl(RowSparseOptimizer):
 
 class _Adam(RowSparseOptimizer):
     """Adam and AdamW: Keras' update_step is the same; AdamW sets weight_decay."""
+
+    _KERAS_SLOT_LISTS = {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"}
 
     def _slot_names(self):
         return ("m", "v", "vhat") if self.optimizer.amsgrad else ("m", "v")
@@ -283,6 +294,9 @@ class _Adam(RowSparseOptimizer):
 
 
 class _Rmsprop(RowSparseOptimizer):
+    _KERAS_SLOT_LISTS = {"velocity": "_velocities", "average_gradient": "_average_gradients",
+                         "momentum": "_momentums"}
+
     def _slot_names(self):
         names = ("velocity",)
         if self.optimizer.centered:

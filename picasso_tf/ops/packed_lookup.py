@@ -1,10 +1,12 @@
-"""Fused lookups on a packed embedding table: op wrappers and the lookup's gradient.
+"""Fused lookups of a group of embedding tables: op wrappers and the lookup's gradient.
 
-A packed table stacks several features' tables by rows: feature (site) i occupies
-rows ``[offsets[i], offsets[i] + vocab_sizes[i])``, so its id ``x`` reads packed row
-``x + offsets[i]``. The kernels are in ``custom_ops/packed_lookup_ops.cc``.
+One op looks up every site (feature) of a group: site i reads table
+``tables[table_index[i]]`` at rows ``[offsets[i], offsets[i] + vocab_sizes[i])``, so
+its id ``x`` reads row ``x + offsets[i]`` (a table may hold several features' rows
+stacked; the tables of a D-packed group are usually the original tables themselves,
+offset 0). The kernels are in ``custom_ops/packed_lookup_ops.cc``.
 
-Gradients of ``packed_lookup``: the table gets a ``tf.IndexedSlices`` (ascending
+Gradients of ``packed_lookup``: each table gets a ``tf.IndexedSlices`` (ascending
 unique rows, one summed row each; never a dense table-shaped tensor). Through a
 ``ReadVariableOp`` it reaches the variable as such, so ``tf.gradients(loss, var)`` and
 ``GradientTape.gradient(loss, var)`` both give row-sparse gradients. Weights get a
@@ -44,14 +46,14 @@ def packed_unique(ids_list, offsets, vocab_sizes, feature_names, name=None):
     return unique_rows, list(inverse), counts
 
 
-def packed_lookup(table, ids_list, segment_ids_list=None, weights_list=None,
+def packed_lookup(tables, ids_list, segment_ids_list=None, weights_list=None,
                   num_segments_list=None, *, offsets, vocab_sizes, combiners,
-                  feature_names, name=None):
+                  feature_names, table_index=None, name=None):
     """Looks up every site in one fused kernel; returns one output per site.
 
     Args:
-      table: the packed table's value ``[R, D]`` (float32 or float64), e.g.
-        ``var.read_value()``; gradients flow to the variable.
+      tables: a list of table values ``[R_t, D]`` of one float dtype (or one table),
+        e.g. ``var.read_value()``; gradients flow to the variables.
       ids_list: per site an int32/int64 tensor of ids (mixed dtypes are cast to int64):
         1-D for pooled combiners, any shape for "none".
       segment_ids_list: per site, for pooled combiners, the 1-D output row of each id
@@ -66,14 +68,16 @@ def packed_lookup(table, ids_list, segment_ids_list=None, weights_list=None,
         ``tf.nn.embedding_lookup_sparse``: empty segments give zero rows, and a zero
         weight sum gives a zero row).
       feature_names: per site, for error messages.
+      table_index: per site, which of ``tables`` it reads (default: all the first).
     """
-    table = tf.convert_to_tensor(table)
+    tables = [tf.convert_to_tensor(t) for t in (tables if isinstance(tables, (list, tuple)) else [tables])]
+    table_index = [0] * len(ids_list) if table_index is None else list(table_index)
     ids, segment_ids, weights, num_segments = site_inputs(
-        table.dtype, ids_list, segment_ids_list, weights_list, num_segments_list,
+        tables[0].dtype, ids_list, segment_ids_list, weights_list, num_segments_list,
         offsets=offsets, vocab_sizes=vocab_sizes, combiners=combiners,
         feature_names=feature_names, op_name="packed_lookup")
     return list(_ops().picasso_packed_lookup(
-        table=table, ids=ids, segment_ids=segment_ids, weights=weights,
+        tables=tables, table_index=table_index, ids=ids, segment_ids=segment_ids, weights=weights,
         num_segments=num_segments, offsets=list(offsets), vocab_sizes=list(vocab_sizes),
         combiners=list(combiners), feature_names=list(feature_names), name=name))
 
@@ -116,17 +120,22 @@ def site_inputs(dtype, ids_list, segment_ids_list, weights_list, num_segments_li
 
 
 def packed_lookup_grad(grads, ids_list, segment_ids_list, weights_list, num_segments_list,
-                       *, num_rows, offsets, vocab_sizes, combiners, feature_names, name=None):
-    """The table gradient of ``packed_lookup`` as ``(unique_rows, row_grads)``.
+                       *, num_rows, dims, offsets, vocab_sizes, combiners, feature_names,
+                       table_index=None, name=None):
+    """The tables' gradients of ``packed_lookup`` as ``(unique_rows, row_grads)``, one
+    entry per table (num_rows and dims: one per table).
 
     Takes the raw per-site inputs of the lookup op (empty tensors, not None, for absent
     segment ids and weights) and the gradients of its outputs.
     """
-    return _ops().picasso_packed_lookup_grad(
+    table_index = [0] * len(ids_list) if table_index is None else list(table_index)
+    unique_rows, row_grads = _ops().picasso_packed_lookup_grad(
         grads=list(grads), ids=list(ids_list), segment_ids=list(segment_ids_list),
-        weights=list(weights_list), num_segments=list(num_segments_list), num_rows=num_rows,
+        weights=list(weights_list), num_segments=list(num_segments_list), G=len(num_rows),
+        table_index=table_index, num_rows=list(num_rows), dims=list(dims),
         offsets=list(offsets), vocab_sizes=list(vocab_sizes), combiners=list(combiners),
         feature_names=list(feature_names), name=name)
+    return list(unique_rows), list(row_grads)
 
 
 def table_num_rows(table, offsets, vocab_sizes):
@@ -163,33 +172,53 @@ def lookup_attrs(op):
             "feature_names": [f.decode() for f in op.get_attr("feature_names")]}
 
 
+def tables_rows(tables, table_index, attrs):
+    """Per table, its row count for a gradient op (any bound where it is not static)."""
+    rows = []
+    for t, table in enumerate(tables):
+        sites = [i for i, ti in enumerate(table_index) if ti == t]
+        rows.append(table_num_rows(table, [attrs["offsets"][i] for i in sites],
+                                   [attrs["vocab_sizes"][i] for i in sites]))
+    return rows
+
+
 @tf.RegisterGradient("PicassoPackedLookup")
 def _packed_lookup_gradient(op, *grads):
-    n = op.get_attr("N")
-    table = op.inputs[0]
-    ids = op.inputs[1:1 + n]
-    segment_ids = op.inputs[1 + n:1 + 2 * n]
-    weights = op.inputs[1 + 2 * n:1 + 3 * n]
-    num_segments = op.inputs[1 + 3 * n:1 + 4 * n]
+    g, n = op.get_attr("G"), op.get_attr("N")
+    tables = op.inputs[:g]
+    table_index = list(op.get_attr("table_index"))
+    ids = op.inputs[g:g + n]
+    segment_ids = op.inputs[g + n:g + 2 * n]
+    weights = op.inputs[g + 2 * n:g + 3 * n]
+    num_segments = op.inputs[g + 3 * n:g + 4 * n]
     # An output's gradient may come as IndexedSlices (e.g. from a gather): [n_i, D] dense.
     grads = [tf.zeros_like(out) if g is None else tf.convert_to_tensor(g)
              for g, out in zip(grads, op.outputs)]
     attrs = lookup_attrs(op)
     # Eager tapes say which inputs need no gradient; graph mode prunes unused ones.
     skip = set(getattr(op, "skip_input_indices", None) or ())
-    table_grad = None
-    if 0 not in skip:
+    table_grads = [None] * g
+    if any(t not in skip for t in range(g)):
         unique_rows, row_grads = packed_lookup_grad(
-            grads, ids, segment_ids, weights, num_segments,
-            num_rows=table_num_rows(table, attrs["offsets"], attrs["vocab_sizes"]), **attrs)
-        table_grad = row_sparse_gradient(table, unique_rows, row_grads)
+            grads, ids, segment_ids, weights, num_segments, table_index=table_index,
+            num_rows=tables_rows(tables, table_index, attrs), dims=[grads_dim(grads, table_index, t, table)
+                                                                   for t, table in enumerate(tables)], **attrs)
+        table_grads = [None if t in skip else row_sparse_gradient(table, rows, values)
+                       for t, (table, rows, values) in enumerate(zip(tables, unique_rows, row_grads))]
     weight_grads = []
     for i in range(n):
         empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
-        weight_grads.append(None if empty or (1 + 2 * n + i) in skip else weight_gradient(
-            table, grads[i], op.outputs[i], ids[i], segment_ids[i], weights[i],
+        weight_grads.append(None if empty or (g + 2 * n + i) in skip else weight_gradient(
+            tables[table_index[i]], grads[i], op.outputs[i], ids[i], segment_ids[i], weights[i],
             num_segments[i], attrs["offsets"][i], attrs["combiners"][i]))
-    return [table_grad] + [None] * (2 * n) + weight_grads + [None] * n
+    return table_grads + [None] * (2 * n) + weight_grads + [None] * n
+
+
+def grads_dim(grads, table_index, t, table):
+    """Table t's row width: static from the table, else from one of its sites' gradients."""
+    if table.shape.rank == 2 and table.shape[1] is not None:
+        return table.shape[1]
+    return next(grads[i].shape[-1] for i, ti in enumerate(table_index) if ti == t)
 
 
 def weight_gradient(table, grad, output, ids, segment_ids, weights, num_segments, offset,

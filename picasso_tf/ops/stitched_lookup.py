@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from picasso_tf.ops.in_gradient import apply_in_gradient, planned_updates
 from picasso_tf.ops.packed_lookup import (_ops, lookup_attrs, row_sparse_gradient, site_inputs,
-                                          table_num_rows, weight_gradient)
+                                          tables_rows, weight_gradient)
 
 
 def stitched_lookup(tables, ids_list, segment_ids_list=None, weights_list=None,
@@ -81,7 +81,7 @@ def _stitched_lookup_gradient(op, grad):
         inputs = dict(
             grad=grad, ids=pick(ids), segment_ids=pick(segment_ids), weights=pick(weights),
             num_segments=pick(num_segments), table_index=[wanted.index(table_index[i]) for i in sites],
-            num_rows=[table_num_rows(tables[t], *_rows_of(t, table_index, attrs)) for t in wanted],
+            num_rows=[tables_rows(tables, table_index, attrs)[t] for t in wanted],
             dims=[tables[t].shape[1] for t in wanted], columns=pick(columns),
             row_blocks=pick(row_blocks), **{k: pick(v) for k, v in attrs.items()})
         # The kernel may update the tables itself when it computes all their gradients
@@ -102,8 +102,3 @@ def _stitched_lookup_gradient(op, grad):
                    for x, col in zip(dense, op.get_attr("dense_columns"))]
     return table_grads + [None] * (2 * n) + weight_grads + [None] * n + dense_grads
 
-
-def _rows_of(t, table_index, attrs):
-    """(offsets, vocab_sizes) of table t's sites."""
-    sites = [i for i, ti in enumerate(table_index) if ti == t]
-    return [attrs["offsets"][i] for i in sites], [attrs["vocab_sizes"][i] for i in sites]

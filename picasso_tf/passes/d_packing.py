@@ -1,6 +1,6 @@
 """D-packing (paper §III-B): group embedding tables of the same dimension and dtype.
 
-Each group becomes one packed table, its member tables stacked at row offsets. Groups
+Each group's tables are read by one fused kernel (K-packing) as a list, in place. Groups
 whose parameter volume (Eq. 1, CalcVParam) is above the average are split evenly into
 shards, as many as their volume is multiple of the lightest group's (at most
 max_shards): with uniform ids, dim-8 tables stay one group while dim-32 tables become
@@ -34,7 +34,7 @@ def plan_groups(analysis, accesses, max_shards=4, frozen=frozenset()):
         by_key.setdefault(key, collections.OrderedDict()).setdefault(variable.ref(), variable)
     groups = []
     for (dim, dtype, dense, trainable), tables in by_key.items():
-        members = [TableMember(v, 0, int(v.shape[0]), accesses.get(_name(v), 1.0)) for v in tables.values()]
+        members = [TableMember(v, int(v.shape[0]), accesses.get(_name(v), 1.0)) for v in tables.values()]
         suffix = ("_dense" if dense else "") + ("" if trainable else "_frozen")
         groups.append((dim, dtype, dense, suffix, members))
     volumes = [dim * sum(s.accesses for s in members) for dim, _, _, _, members in groups]
@@ -47,7 +47,7 @@ def plan_groups(analysis, accesses, max_shards=4, frozen=frozenset()):
             shards = max(1, min(len(members), max_shards, round(volume / lightest)))
         for i, shard in enumerate(_balanced_split(members, dim, shards)):
             name = f"packed_{dtype.name}_d{dim}{suffix}" + (f"_s{i}" if shards > 1 else "")
-            packed.append(TableLayout(name=name, dim=dim, dtype=dtype, members=_with_offsets(shard),
+            packed.append(TableLayout(name=name, dim=dim, dtype=dtype, members=shard,
                                       densely_read=dense, trainable=not suffix.endswith("_frozen")))
     return packed
 
@@ -63,14 +63,6 @@ def _balanced_split(members, dim, shards):
         loads[i] += member.accesses * dim
     order = {id(s): n for n, s in enumerate(members)}
     return [sorted(b, key=lambda s: order[id(s)]) for b in bins if b]
-
-
-def _with_offsets(members):
-    offset, placed = 0, []
-    for s in members:
-        placed.append(TableMember(s.variable, offset, s.rows, s.accesses))
-        offset += s.rows
-    return placed
 
 
 def _name(variable):

@@ -8,14 +8,14 @@ tables' rows without building the concatenation (a stitched projection).
 The new ops are built with TensorFlow's Python API in a scratch graph holding the
 original GraphDef, so that attributes and shapes come from the op definitions; the
 result is exported, rewired (consumers of every site's output now read the fused
-output) and pruned of the replaced chains. Each group's storage is a placeholder captured
-as a StorageRef: the pass creates no variable, the runtime binds the storage.
+output) and pruned of the replaced chains. Each table of a group is read through a
+placeholder captured as a StorageRef(group, member): the pass creates no variable, the
+runtime binds the group's storage.
 """
 import collections
 import dataclasses
 
 import tensorflow as tf
-from tensorflow.python.ops import gen_resource_variable_ops
 
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
@@ -33,7 +33,7 @@ def k_packing(program, graph, config):
         return program, {"fused_lookups": 0, "sites": 0}
     if program.tables is None:          # D-packing off: fuse each table's lookups on its own
         program = dataclasses.replace(program, tables=[
-            TableLayout(f"table_{i}", s.dim, s.dtype, [TableMember(analysis.tables[s.table], 0, s.vocab_size, 1.0)],
+            TableLayout(f"table_{i}", s.dim, s.dtype, [TableMember(analysis.tables[s.table], s.vocab_size, 1.0)],
                         densely_read=analysis.densely_read(analysis.tables[s.table]))
             for i, s in enumerate(_one_site_per_table(analysis))])
     sites_by_table = collections.defaultdict(list)
@@ -89,14 +89,17 @@ class _Edits:
 
 
 def _rewrite_group(graph, group, analysis, own, feature_names, edits):
-    """Reads a group's storage; its own sites (not stitched) get one fused lookup, its
-    whole-table readers the table's rows. Returns the table's value."""
+    """Reads a group's tables from its storage; its own sites (not stitched) get one
+    fused lookup, its whole-table readers the table's value. Returns {variable ref:
+    the table's value}."""
+    from picasso_tf.ops.read_tables import read_tables   # loads the op library on first use
     with tf.name_scope(f"picasso/{group.name}/"):
-        handle = tf.compat.v1.placeholder(tf.resource, [], name="table")
-        value = gen_resource_variable_ops.read_variable_op(handle, group.dtype)
-    edits.captures[canonical(handle.name)] = StorageRef(group.name)
+        handles = [tf.compat.v1.placeholder(tf.resource, [], name="table") for _ in group.members]
+        values = dict(zip((m.variable.ref() for m in group.members), read_tables(handles, group.dtype)))
+    for i, handle in enumerate(handles):
+        edits.captures[canonical(handle.name)] = StorageRef(group.name, i)
     if own:
-        outputs = _fused_lookup(graph, group, value, own, feature_names)
+        outputs = _fused_lookup(graph, group, values, own, feature_names)
         for (_, site), out in zip(own, outputs):
             edits.replacements[site.output] = canonical(out.name)
             edits.removed.update(site.chain)
@@ -104,12 +107,10 @@ def _rewrite_group(graph, group, analysis, own, feature_names, edits):
                                           [feature_names[site.output] for _, site in own]))
     for member in group.members:
         for read in _dense_reads_of(analysis, member.variable):
-            # Whole-table readers (a regularizer, say) now read the table's rows.
-            with tf.name_scope(f"picasso/{group.name}/"):
-                rows = value[member.offset:member.offset + member.rows]
-            edits.replacements[read] = canonical(rows.name)
+            # Whole-table readers (a regularizer, say) read the same value as the lookups.
+            edits.replacements[read] = canonical(values[member.variable.ref()].name)
             edits.removed.add(split_tensor_name(read)[0])
-    return value
+    return values
 
 
 def _projection_choice(stitch, statistics, config):
@@ -177,7 +178,8 @@ def _one_site_per_table(analysis):
 
 
 def _site_args(graph, members, dtype, feature_names):
-    """The per-site inputs and attributes of a lookup op over (member, site) pairs."""
+    """The per-site inputs and attributes of a lookup op over (member, site) pairs (each
+    site reads its member table from row 0)."""
     t = graph.get_tensor_by_name
     # One shared empty tensor stands for "no segments" / "no weights" of every site.
     no_segments, no_weights = tf.zeros([0], tf.int64), tf.zeros([0], dtype)
@@ -189,18 +191,26 @@ def _site_args(graph, members, dtype, feature_names):
             tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else no_segments)
         args["weights_list"].append(tf.cast(t(site.weights), dtype) if site.weights else no_weights)
         args["num_segments_list"].append(_num_segments(t, site) if site.combiner != "none" else no_count)
-        args["offsets"].append(member.offset)
+        args["offsets"].append(0)
         args["vocab_sizes"].append(member.rows)
         args["combiners"].append(site.combiner)
         args["feature_names"].append(feature_names[site.output])
     return args
 
 
-def _fused_lookup(graph, group, value, members, feature_names):
-    """PicassoPackedLookup of a group's sites on its packed table's value."""
+def _fused_lookup(graph, group, values, members, feature_names):
+    """PicassoPackedLookup of a group's sites on the values of the tables they read."""
     from picasso_tf.ops import packed_lookup as lookup_ops   # loads the op library on first use
+    tables = _tables_read(members)
     with tf.name_scope(f"picasso/{group.name}/"):
-        return lookup_ops.packed_lookup(value, **_site_args(graph, members, group.dtype, feature_names))
+        return lookup_ops.packed_lookup([values[ref] for ref in tables],
+                                        table_index=[tables.index(m.variable.ref()) for m, _ in members],
+                                        **_site_args(graph, members, group.dtype, feature_names))
+
+
+def _tables_read(members):
+    """The distinct member tables (variable refs) of (member, site) pairs, in order of first use."""
+    return list(dict.fromkeys(m.variable.ref() for m, _ in members))
 
 
 class _StitchLayout:
@@ -209,7 +219,7 @@ class _StitchLayout:
 
     def __init__(self, graph, stitch, values, member_of, feature_names):
         self.width = stitch.width
-        groups, members, self.table_index, self.columns, self.row_blocks = [], [], [], [], []
+        groups, members, self.columns, self.row_blocks = [], [], [], []
         self.dense = []   # (tensor, first column, columns)
         column = 0
         for part in stitch.parts:
@@ -220,14 +230,16 @@ class _StitchLayout:
                 if group.name not in [g.name for g in groups]:
                     groups.append(group)
                 members.append((member, part.site))
-                self.table_index.append([g.name for g in groups].index(group.name))
                 self.columns.append(column)
                 self.row_blocks.append(part.inner // part.site.dim)
             column += part.inner
         self.graph = graph
         self.group_names = [g.name for g in groups]
         self.op_name = None   # the projection op's, once built
-        self.tables = [values[g.name] for g in groups]
+        tables = _tables_read(members)
+        self.table_index = [tables.index(m.variable.ref()) for m, _ in members]
+        table_values = {ref: value for g in groups for ref, value in values[g.name].items()}
+        self.tables = [table_values[ref] for ref in tables]
         self.site_args = _site_args(graph, members, groups[0].dtype, feature_names)
 
     def lookup(self):
@@ -271,8 +283,7 @@ def _num_segments(t, site):
 def _feature_names(captured, analysis):
     """Names each site after the model input its ids come from, else after its table."""
     index = GraphIndex(captured.graph_def)
-    inputs = {split_tensor_name(t)[0]: spec.name for t, spec in
-              zip(captured.input_tensors, tf.nest.flatten(captured.input_specs))}
+    inputs = {split_tensor_name(t)[0]: name for t, name in zip(captured.input_tensors, captured.input_names)}
     names = {}
     for site in analysis.sites:
         node = index.node(site.ids)

@@ -2,16 +2,18 @@
 
 The resource classes follow the paper §III-B: compute-bound ops (dense math),
 memory-bound ops (gathers, scatters, reshapes, segment reductions: moving bytes) and
-communication ops (collectives). Bookkeeping ops (constants, identities, placeholders,
-no-ops) are counted as "other". Ops inside functions the graph calls (control flow
-bodies, nested tf.functions) are counted too, once per function.
+communication ops (collectives). Bookkeeping ops (constants, identities, no-ops) are
+counted as "other". A function's arguments (its placeholders: the inputs and every
+variable it reads) are not ops it runs: ``summarize`` counts them apart. Ops inside
+functions the graph calls (control flow bodies, nested tf.functions) are counted too,
+once per function.
 """
 import collections
 
 COMMUNICATION_MARKERS = ("Horovod", "AllReduce", "Allreduce", "Alltoall", "AllToAll", "Allgather",
                          "Nccl", "Collective", "_Send", "_Recv")
-OTHER = {"Const", "Identity", "IdentityN", "NoOp", "Placeholder", "PlaceholderWithDefault",
-         "StopGradient", "_Arg", "_Retval", "VarHandleOp", "Assert", "PartitionedCall",
+ARGUMENTS = {"Placeholder", "_Arg"}
+OTHER = {"Const", "Identity", "IdentityN", "NoOp", "PlaceholderWithDefault", "StopGradient", "_Retval", "VarHandleOp", "Assert", "PartitionedCall",
          "StatefulPartitionedCall", "If", "StatelessIf", "While", "StatelessWhile"}
 MEMORY = {
     "ResourceGather", "GatherV2", "GatherNd", "ResourceGatherNd", "Unique", "UniqueV2", "UniqueWithCounts",
@@ -50,8 +52,12 @@ def count_ops(graph_def):
 
 
 def summarize(counts):
+    """{"total": ops run (arguments apart), "arguments", "by_class", "by_op"}."""
     by_class = collections.Counter()
     for op, n in counts.items():
-        by_class[resource_class(op)] += n
-    return {"total": sum(counts.values()), "by_class": {c: by_class.get(c, 0) for c in RESOURCE_CLASSES},
+        if op not in ARGUMENTS:
+            by_class[resource_class(op)] += n
+    arguments = sum(n for op, n in counts.items() if op in ARGUMENTS)
+    return {"total": sum(counts.values()) - arguments, "arguments": arguments,
+            "by_class": {c: by_class.get(c, 0) for c in RESOURCE_CLASSES},
             "by_op": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))}

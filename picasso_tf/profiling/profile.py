@@ -110,12 +110,10 @@ def _write(out_dir, graphs, report):
 
 
 def _trace(model, x, y, logdir, steps):
-    """A profiler trace of a few rewritten training steps; weights (and the storage's
-    slots) are restored after."""
+    """A profiler trace of a few rewritten training steps (on a copy of the optimizer);
+    the model's weights are restored after."""
     step = tf.function(_picasso_step(model))
-    storages = model.picasso.storages.values()
-    variables = model.original.variables + [s.kernel_input() for s in storages] + [
-        slot for s in storages for slot in s.slots.values()]
+    variables = model.original.variables
     saved = [v.read_value() for v in variables]
     step(x, y)                                    # trace outside the profile
     tf.profiler.experimental.start(logdir)

@@ -1,10 +1,10 @@
 """Fused row-sparse updates of the table groups' storage, driven by the user's Keras optimizer.
 
-Made at the first training step (when the optimizer is known). When the optimizer or
-one of its options has no exact fused form, the groups' storage is updated by the
-Keras optimizer from their IndexedSlices gradients instead (still exact, still
-row-sparse for SGD/Adagrad; Keras' own dense decays for Adam-like optimizers), and the
-reason is recorded for the report.
+Made at the first training step (when the optimizer is known and built: the fused
+updates use its slot variables). When the optimizer or one of its options has no
+exact fused form, the groups' tables are updated by the Keras optimizer from their
+IndexedSlices gradients instead (still exact, still row-sparse for SGD/Adagrad; Keras'
+own dense decays for Adam-like optimizers), and the reason is recorded for the report.
 """
 import tensorflow as tf
 
@@ -12,34 +12,36 @@ from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer, Unsup
 
 
 class FusedTableUpdate:
+    """The fused updates of the storages' tables; `tables` maps each table variable's
+    ref to its (storage, member)."""
+
     def __init__(self, optimizer, storages, lazy, in_gradient=True):
         self.optimizer = RowSparseOptimizer.from_keras(optimizer, lazy=lazy)
-        # A frozen group (trainable=False tables) is neither updated nor given slots.
-        storages = [s for s in storages if s.layout.trainable]
         self.in_gradient = in_gradient   # config.apply_in_gradient
-        self.storages = {s.kernel_input().ref(): s for s in storages}
-        self.decay = {}
-        for storage in storages:
-            members = [self.optimizer.applies_weight_decay_to(m.variable) for m in storage.layout.members]
-            if len(set(members)) > 1:
-                raise UnsupportedOptimizerError(
-                    f"weight decay excludes some but not all tables of packed group {storage.name}")
-            self.decay[storage.name] = members[0]
-        for storage in storages:
-            storage.create_slots(self.optimizer)
+        # A frozen group (trainable=False tables) is never updated.
+        self.tables = {variable.ref(): (storage, member) for storage in storages if storage.layout.trainable
+                       for variable, member in zip(storage.variables(), storage.layout.members)}
+        self.decay = {ref: self.optimizer.applies_weight_decay_to(member.variable)
+                      for ref, (_, member) in self.tables.items()}
 
     def handles(self, variable):
-        return variable.ref() in self.storages
+        return variable.ref() in self.tables
+
+    def updates(self, variables, iteration):
+        """This step's sparse_apply.Update of each table variable."""
+        members = [self.tables[v.ref()] for v in variables]
+        return self.optimizer.updates(variables, [s.slots(self.optimizer, m) for s, m in members], iteration,
+                                      [self.decay[v.ref()] for v in variables])
 
     def apply(self, grads_and_vars, iteration):
-        updates = []
-        for grad, var in grads_and_vars:
-            storage = self.storages[var.ref()]
+        grads_and_vars = list(grads_and_vars)
+        ops = []
+        for (grad, var), update in zip(grads_and_vars, self.updates([v for _, v in grads_and_vars], iteration)):
+            storage, member = self.tables[var.ref()]
             if not isinstance(grad, tf.IndexedSlices):   # a densely read table: every row
                 grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad, out_type=tf.int64)[0]))
-            updates.append(storage.apply(self.optimizer, grad.indices, grad.values, iteration,
-                                         self.decay[storage.name]))
-        return tf.group(updates)
+            ops.append(storage.apply(self.optimizer, member, grad.indices, grad.values, update))
+        return tf.group(ops)
 
 
 class InGradientUpdates:
@@ -59,31 +61,30 @@ class InGradientUpdates:
 
     def for_tables(self, tables):
         """Per table value, (variable, this step's sparse_apply.Update); None unless all qualify."""
-        storages = [_storage_read_only_as(t, self.fused.storages) for t in tables]
-        if any(s is None for s in storages):
+        variables = [_variable_read_only_as(t, self.fused) for t in tables]
+        if any(v is None for v in variables):
             return None
-        decays = {self.fused.decay[s.name] for s in storages}
+        decays = {self.fused.decay[v.ref()] for v in variables}
         if len(decays) > 1 or not self.fused.optimizer.changes_only_gradient_rows(decays.pop()):
             return None
-        return [(s.kernel_input(), s.in_place_update(self.fused.optimizer, self.iteration, self.fused.decay[s.name]))
-                for s in storages]
+        return list(zip(variables, self.fused.updates(variables, self.iteration)))
 
     def record(self, op, variables):
         self.ops.append(op)
         self.variables.extend(variables)
 
 
-def _storage_read_only_as(value, storages):
-    """The storage (among `storages`) whose one read in the graph gives `value`,
-    itself used by one op; else None."""
+def _variable_read_only_as(value, fused):
+    """The table variable (among those `fused` updates) whose one read in the graph gives
+    `value`, itself used by one op; else None."""
     read = value.op
-    if read.type != "ReadVariableOp" or len(value.consumers()) != 1:
+    if read.type not in ("ReadVariableOp", "PicassoReadTables") or len(value.consumers()) != 1:
         return None
-    handle = read.inputs[0]
+    handle = read.inputs[value.value_index]
     if handle.consumers() != [read]:
         return None
     outside = _captured_from(handle)
-    return next((s for s in storages.values() if s.kernel_input().handle is outside), None)
+    return next((ref.deref() for ref in fused.tables if ref.deref().handle is outside), None)
 
 
 def _captured_from(tensor):
@@ -100,12 +101,16 @@ def make_fused_update(optimizer, storages, config):
     """(FusedTableUpdate or None, reason or None)."""
     if not storages:
         return None, None
-    if getattr(optimizer, "clipnorm", None):
-        # Checked on every path: the Keras optimizer would clip a packed group as one variable too.
+    clipping = [f"{o}={getattr(optimizer, o)}" for o in ("clipnorm", "clipvalue", "global_clipnorm")
+                if getattr(optimizer, o, None)]
+    if clipping:
+        # Checked on every path. Keras clips an embedding's gradient as one row per lookup;
+        # the fused gradients sum the rows of an id, so a repeated id would clip differently.
         raise ValueError(
-            f"picasso_tf: the optimizer's clipnorm={optimizer.clipnorm} clips each variable's gradient on "
-            "its own, and packing merges embedding tables into one variable, which would change the "
-            "result. Use global_clipnorm (same result packed or not), or optimize(..., packing=False).")
+            f"picasso_tf: the optimizer clips gradients ({', '.join(clipping)}): Keras clips an embedding "
+            "table's gradient as one row per lookup, while picasso's fused lookups give one summed row per "
+            "id, so the result would differ whenever an id repeats in a batch. Train without gradient "
+            "clipping, or optimize(..., packing=False) to keep Keras' lookups.")
     if not config.fused_optimizer:
         return None, "fused_optimizer=False: packed tables are updated by the Keras optimizer"
     try:

@@ -36,20 +36,23 @@ class RewrittenForward:
 
     def __init__(self, captured, storages):
         self.captured = captured
-        self.captures = {name: storages[v.group].kernel_input() if isinstance(v, StorageRef) else v
+        self.captures = {name: storages[v.group].kernel_inputs()[v.member] if isinstance(v, StorageRef) else v
                          for name, v in captured.captures.items()}
 
     def __call__(self, inputs):
         c = self.captured
-        outs, masks = c.output_tensors, c.mask_tensors
-        names = outs + masks + ([c.regularization_loss] if c.regularization_loss else [])
+        outs, masks, logits = c.output_tensors, c.mask_tensors, c.logit_tensors
+        names = outs + masks + logits + ([c.regularization_loss] if c.regularization_loss else [])
         tensors = import_forward(c.graph_def, c.input_tensors, conform_inputs(c.input_specs, inputs),
                                  self.captures, names)
         flat_outputs = tensors[:len(outs)]
         mask_values = iter(tensors[len(outs):len(outs) + len(masks)])
-        for tensor, mask in zip(flat_outputs, c.output_masks):
+        logit_values = iter(tensors[len(outs) + len(masks):len(outs) + len(masks) + len(logits)])
+        for tensor, mask, logit in zip(flat_outputs, c.output_masks, c.output_logits):
             if mask:
                 tensor._keras_mask = next(mask_values)  # Keras weights the loss by an output's mask
+            if logit:
+                tensor._keras_logits = next(logit_values)  # and computes crossentropy from these logits
         outputs = tf.nest.pack_sequence_as(c.output_structure, flat_outputs)
         reg = tensors[-1] if c.regularization_loss else None
         return outputs, reg
@@ -120,6 +123,10 @@ class TrainingStep:
         # The fused updates read optimizer.iterations before Keras increments it, so both
         # halves of the step use the same step count.
         update = tf.group([self.fused.apply(gradients.tables, optimizer.iterations)] + gradients.update_ops)
+        with tf.control_dependencies([update]):
+            # As Keras does after its update: a variable's constraint (e.g. MaxNorm rows).
+            updated = [v for _, v in gradients.tables] + gradients.updated_in_gradient
+            update = tf.group([v.assign(v.constraint(v)) for v in updated if v.constraint is not None] + [update])
         with tf.control_dependencies([update]):
             if gradients.dense:
                 optimizer.apply_gradients(gradients.dense)

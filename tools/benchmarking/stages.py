@@ -30,14 +30,13 @@ import tensorflow as tf
 
 
 def _groups_of_layouts(layouts, tables_by_field):
-    """[(dim, [field indices], [row offsets])] in the program's table layouts."""
+    """[(dim, [field indices])] of the program's table layouts."""
     field_of = {t.ref(): i for i, t in enumerate(tables_by_field)}
     out = []
     for g in layouts or ():
-        members = [(field_of[m.variable.ref()], m.offset) for m in g.members if m.variable.ref() in field_of]
+        members = [field_of[m.variable.ref()] for m in g.members if m.variable.ref() in field_of]
         if members:
-            out.append((g.dim, [m[0] for m in members], [m[1] for m in members],
-                        g.num_rows))
+            out.append((g.dim, members))
     return out
 
 
@@ -46,6 +45,7 @@ def stage_times(schema, features, labels, batch_size, layouts, tables_by_field, 
     """{stage: {"ms": median, "q1", "q3"}} plus "unique_rows" and "groups"."""
     from picasso_tf.ops import sparse_apply
     from picasso_tf.ops.in_gradient import FixedTableUpdates, update_tables_in_gradient
+    from picasso_tf.ops.read_tables import read_tables
     from picasso_tf.ops.stitched_projection import stitched_projection
 
     fields = list(schema.categorical)
@@ -53,24 +53,27 @@ def stage_times(schema, features, labels, batch_size, layouts, tables_by_field, 
     ids = [tf.constant(features[f.name][:batch_size]) for f in fields]
     groups = _groups_of_layouts(layouts, tables_by_field)
     rng = np.random.default_rng(seed)
-    packed = [tf.Variable(rng.uniform(-0.05, 0.05, (rows, d)).astype(np.float32)) for d, _, _, rows in groups]
-    accumulators = [tf.Variable(tf.fill([rows, d], 0.1)) for d, _, _, rows in groups]
+    # The model's tables, read in place by group (one PicassoReadTables each), as the rewritten step.
+    tables = [tf.Variable(rng.uniform(-0.05, 0.05, (f.vocab_size, d)).astype(np.float32)) for f, d in zip(fields, dims)]
+    accumulators = [tf.Variable(tf.fill([f.vocab_size, d], 0.1)) for f, d in zip(fields, dims)]
     weights = tf.Variable(rng.normal(size=(sum(dims), 1)).astype(np.float32) * 0.01)
     y = tf.constant(np.asarray(labels[:batch_size], np.float32).reshape(-1, 1))
 
-    table_index, offsets = [0] * len(fields), [0] * len(fields)
-    for g, (_, members, group_offsets, _) in enumerate(groups):
-        for i, offset in zip(members, group_offsets):
-            table_index[i], offsets[i] = g, offset
+    def read_all():
+        values = [None] * len(fields)
+        for _, members in groups:
+            for i, value in zip(members, read_tables([tables[i].handle for i in members], tf.float32)):
+                values[i] = value
+        return [v if v is not None else t.read_value() for v, t in zip(values, tables)]
 
     def projected(values, kernel):
-        return stitched_projection(values, ids, kernel=kernel, table_index=table_index,
+        return stitched_projection(values, ids, kernel=kernel, table_index=list(range(len(fields))),
                                    columns=np.concatenate([[0], np.cumsum(dims)[:-1]]).tolist(),
-                                   row_blocks=[1] * len(fields), width=sum(dims), offsets=offsets,
+                                   row_blocks=[1] * len(fields), width=sum(dims), offsets=[0] * len(fields),
                                    vocab_sizes=[f.vocab_size for f in fields], combiners=["none"] * len(fields),
                                    feature_names=[f.name for f in fields])
 
-    project = tf.function(lambda: projected([t.read_value() for t in packed], weights.read_value()))
+    project = tf.function(lambda: projected(read_all(), weights.read_value()))
     concat = tf.function(lambda xs: tf.concat(xs, 1))
 
     def loss_of_logits(logits):
@@ -103,15 +106,15 @@ def stage_times(schema, features, labels, batch_size, layouts, tables_by_field, 
 
     @tf.function
     def grad(dy):
-        values, kernel = [t.read_value() for t in packed], weights.read_value()
+        values, kernel = read_all(), weights.read_value()
         grads = tf.gradients(projected(values, kernel), values + [kernel], grad_ys=dy)
         return [(g.indices, g.values) for g in grads[:-1]], grads[-1]
 
     @tf.function
     def grad_apply(dy):
-        values, kernel = [t.read_value() for t in packed], weights.read_value()
+        values, kernel = read_all(), weights.read_value()
         updates = FixedTableUpdates((t, sparse_apply.adagrad_update(a, lr=learning_rate, epsilon=epsilon))
-                                    for t, a in zip(packed, accumulators))
+                                    for t, a in zip(tables, accumulators))
         with update_tables_in_gradient(updates):
             kernel_grad = tf.gradients(projected(values, kernel), values + [kernel], grad_ys=dy)[-1]
         with tf.control_dependencies(updates.ops):
@@ -120,7 +123,7 @@ def stage_times(schema, features, labels, batch_size, layouts, tables_by_field, 
     @tf.function
     def apply(grads):
         ops = [sparse_apply.adagrad(t, a, rows, values, lr=learning_rate, epsilon=epsilon)
-               for (rows, values), t, a in zip(grads, packed, accumulators)]
+               for (rows, values), t, a in zip(grads, tables, accumulators)]
         with tf.control_dependencies(ops):
             return tf.constant(0)
 
@@ -173,7 +176,7 @@ def stage_times(schema, features, labels, batch_size, layouts, tables_by_field, 
             start = time.perf_counter()
             f()
             times[name].append(time.perf_counter() - start)
-    out = {"stages": {}, "repeats": repeats, "groups": [(d, len(m)) for d, m, _, _ in groups],
+    out = {"stages": {}, "repeats": repeats, "groups": [(d, len(m)) for d, m in groups],
            "unique_rows": int(sum(int(g[0].shape[0]) for g in grads)),
            "ids": len(fields) * batch_size}
     for name, samples in times.items():
