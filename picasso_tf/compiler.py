@@ -21,7 +21,8 @@ def compile_program(model, config=None, example_inputs=None, warmup_data=None, s
     of (features, label) batches whose first config.warmup_batches feed the plan."""
     config = config or Config()
     specs = specs if specs is not None else input_signature(model, example_inputs)
-    graphs = {"training": capture(model, specs, training=True), "inference": capture(model, specs, training=False)}
+    graphs = {name: capture(model, specs, training=name == "training", check_numerics=config.check_numerics)
+              for name in ("training", "inference")}
     analyses = {name: find_embedding_sites(graph) for name, graph in graphs.items()}
     training, analysis = graphs["training"], analyses["training"]
     if warmup_data is not None and config.warmup_batches:

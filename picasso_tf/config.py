@@ -55,6 +55,11 @@ class Config:
       different algorithm from what the user asked for, so it is never implied.
     check_ids: validate ids against the table sizes inside the fused kernels (errors
       name the feature and the value).
+    check_numerics: stop at a NaN or Inf in a float input feature with an error naming
+      the feature (tf.errors.InvalidArgumentError from a CheckNumerics op on each float
+      feature, in every step). Off by default: Keras trains on such values (its loss
+      becomes NaN), and so does the rewritten model, with the same result; on, a
+      corrupt batch is found where it enters instead of as a NaN loss.
     """
     packing: bool = True
     d_packing: bool = True
@@ -74,6 +79,7 @@ class Config:
     apply_in_gradient: bool = True
     lazy_optimizer: bool = False
     check_ids: bool = True
+    check_numerics: bool = False
 
     def __post_init__(self):
         if self.micro_batches < 1:

@@ -8,10 +8,27 @@ import tensorflow as tf
 from picasso_tf.graph.inline import register_library
 
 
+def feature_names(specs):
+    """Per flattened spec, its feature's name: the TensorSpec's, else its key in a dict
+    of features (ragged and sparse specs have no name), else its position."""
+    flat = tf.nest.flatten(specs)
+    keys = sorted(specs) if isinstance(specs, dict) and len(specs) == len(flat) else [None] * len(flat)
+    return [getattr(s, "name", None) or (str(k) if k is not None else f"input_{i}")
+            for i, (s, k) in enumerate(zip(flat, keys))]
+
+
+def input_names(specs):
+    """Per input tensor of the captured graph (one per dense feature; values and row
+    splits, or indices, values and dense shape, per ragged or sparse one), its feature's name."""
+    return [name for spec, name in zip(tf.nest.flatten(specs), feature_names(specs))
+            for _ in tf.nest.flatten(spec, expand_composites=True)]
+
+
 def conform_inputs(specs, inputs):
-    """Flattens `inputs` in the order of `specs`, selecting dict entries by name and
-    casting/expanding like Keras' functional models do. Missing features are an error
-    that names them."""
+    """Flattens `inputs` in the order of `specs` into the tensors the captured graph's
+    placeholders take (ragged and sparse features as their components), selecting dict
+    entries by name and casting/expanding like Keras' functional models do. Missing
+    features are an error that names them."""
     if isinstance(specs, dict):
         if not isinstance(inputs, dict):
             raise TypeError(f"the model takes a dict of features {sorted(specs)}; got {type(inputs).__name__}")
@@ -20,29 +37,47 @@ def conform_inputs(specs, inputs):
             raise KeyError(f"feature(s) {missing} missing from the batch; the model needs {sorted(specs)} "
                            f"and the batch has {sorted(inputs)}")
         inputs = {k: inputs[k] for k in specs}
-    flat_specs = tf.nest.flatten(specs)
+    flat_specs, names = tf.nest.flatten(specs), feature_names(specs)
     if isinstance(inputs, dict) and not isinstance(specs, dict):
         # A model built on a list of Inputs takes a dict keyed by the Inputs' names, as Keras does.
-        missing = [s.name for s in flat_specs if s.name not in inputs]
+        missing = [n for n in names if n not in inputs]
         if missing:
             raise KeyError(f"feature(s) {missing} missing from the batch; the model needs "
-                           f"{[s.name for s in flat_specs]} and the batch has {sorted(inputs)}")
-        inputs = [inputs[s.name] for s in flat_specs]
+                           f"{names} and the batch has {sorted(inputs)}")
+        inputs = [inputs[n] for n in names]
     flat_inputs = tf.nest.flatten(inputs)
     if len(flat_specs) != len(flat_inputs):
         raise ValueError(f"the model takes {len(flat_specs)} input tensor(s); got {len(flat_inputs)}")
-    return [_conform(spec, tensor) for spec, tensor in zip(flat_specs, flat_inputs)]
+    return [component for spec, tensor, name in zip(flat_specs, flat_inputs, names)
+            for component in tf.nest.flatten(_conform(spec, tensor, name), expand_composites=True)]
 
 
-def _conform(spec, tensor):
+def _conform(spec, tensor, name):
+    if isinstance(spec, tf.RaggedTensorSpec):
+        if not isinstance(tensor, tf.RaggedTensor) or tensor.ragged_rank != spec.ragged_rank:
+            raise TypeError(f"input {name!r} is ragged (ragged_rank {spec.ragged_rank}) in the model; got "
+                            f"{_describe(tensor)}: feed a tf.RaggedTensor of that ragged_rank")
+        return tf.cast(tensor, spec.dtype).with_row_splits_dtype(spec.row_splits_dtype)
+    if isinstance(spec, tf.SparseTensorSpec):
+        if not isinstance(tensor, tf.SparseTensor):
+            raise TypeError(f"input {name!r} is sparse in the model; got {_describe(tensor)}: feed a tf.SparseTensor")
+        return tf.SparseTensor(tensor.indices, tf.cast(tensor.values, spec.dtype), tensor.dense_shape)
+    if isinstance(tensor, (tf.RaggedTensor, tf.SparseTensor)):
+        raise TypeError(f"input {name!r} is a dense tensor in the model; got {_describe(tensor)}")
     tensor = tf.convert_to_tensor(tensor)
     if tensor.dtype != spec.dtype:
         if spec.dtype.is_integer and not (tensor.dtype.is_integer or tensor.dtype.is_floating):
-            raise TypeError(f"input {spec.name!r} must be {spec.dtype.name}; got {tensor.dtype.name}")
+            raise TypeError(f"input {name!r} must be {spec.dtype.name}; got {tensor.dtype.name}")
         tensor = tf.cast(tensor, spec.dtype)
     if spec.shape.rank is not None and tensor.shape.rank == spec.shape.rank - 1 and spec.shape[-1] == 1:
         tensor = tf.expand_dims(tensor, -1)
     return tensor
+
+
+def _describe(tensor):
+    if isinstance(tensor, tf.RaggedTensor):
+        return f"a tf.RaggedTensor of ragged_rank {tensor.ragged_rank}"
+    return f"a {type(tensor).__name__}"
 
 
 def import_forward(graph_def, input_tensors, inputs, captures, output_tensors, name="picasso"):
