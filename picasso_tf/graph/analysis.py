@@ -18,6 +18,8 @@ models written by anyone are recognised the same way. Patterns (TF 2.15 graphs):
 Dense reads of a table's value by anything else (an embedding regularizer, a matmul
 with the table) are recorded: the table is still packed, and those readers get its
 rows of the packed table; their gradient is dense, exactly as in the original model.
+A table read only whole, as one_hot(ids) @ table, has no lookup to pack: it is
+reported as left alone.
 Any other use of the table's resource (an unknown lookup op, a stateful update) makes
 every lookup of that table stay as it is; the analysis says so and why.
 """
@@ -89,6 +91,11 @@ def find_embedding_sites(captured):
                 dense_reads[placeholder] = reads
         elif reason is not None and (found or _looks_like_table(index, placeholder)):
             left_alone.append({"table": variable.name.split(":")[0], "reason": reason})
+        elif reason is None and (product := _one_hot_product(index, reads)) is not None:
+            left_alone.append({"table": variable.name.split(":")[0], "reason": (
+                f"read only whole, as a product of one-hot ids with the table ({product.op} {product.name}): "
+                "there is no lookup to pack, so it trains as in the model (a dense gradient there too); look "
+                "its rows up with tf.gather(table, ids) or an Embedding layer to have it packed")})
     return Analysis(sites=sites, left_alone=left_alone, tables=tables, dense_reads=dense_reads)
 
 
@@ -103,6 +110,24 @@ def _looks_like_table(index, placeholder):
             if node.op in ("ReadVariableOp", "Identity"):
                 frontier.append(tensor_name(node.name))
     return False
+
+
+# Ops that carry one-hot ids to a MatMul unchanged in meaning.
+_ONE_HOT_PASSTHROUGH = ("Identity", "Cast", "Reshape", "ExpandDims", "Squeeze")
+
+
+def _one_hot_product(index, reads):
+    """The MatMul multiplying one of the table's dense reads by one-hot ids, or None."""
+    for read in reads:
+        for node, pos in index.uses(read):
+            if node.op not in ("MatMul", "BatchMatMulV2"):
+                continue
+            other = index.input_node(node, 1 - pos)
+            while other.op in _ONE_HOT_PASSTHROUGH:
+                other = index.input_node(other, 0)
+            if other.op == "OneHot":
+                return node
+    return None
 
 
 def _sites_of_table(index, placeholder, variable):
@@ -124,6 +149,11 @@ def _sites_of_table(index, placeholder, variable):
                     sites.append(site)
                 elif read not in dense_reads:
                     dense_reads.append(read)
+        elif node.op == "ResourceGatherNd":
+            return sites, dense_reads, (
+                f"tf.gather_nd on the table ({node.name}): picasso_tf packs lookups of whole rows by id "
+                "(tf.gather, tf.nn.embedding_lookup, Embedding), not gathers by index tuples, so every lookup of "
+                "this table stays as it is and trains as in the model; write tf.gather(table, ids) to have it packed")
         else:
             return sites, dense_reads, (f"the table is used by {node.op} ({node.name}), which picasso_tf does "
                                         f"not recognise; its lookups stay as they are")

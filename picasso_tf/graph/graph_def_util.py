@@ -82,7 +82,7 @@ def rewire(graph_def, replacements, removed_nodes, control_replacement=None):
                     new.input.append("^" + src)
             else:
                 new.input.append(replacements.get(canonical(inp), inp))
-    return out
+    return drop_stale_colocations(out)
 
 
 def reachable_nodes(graph_def, output_tensors):
@@ -106,7 +106,27 @@ def prune(graph_def, output_tensors, keep=()):
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)
     out.node.extend(n for n in graph_def.node if n.name in needed)
-    return out
+    return drop_stale_colocations(out)
+
+
+def drop_stale_colocations(graph_def):
+    """Drops colocation constraints (`_class: loc:@node`) on nodes the graph no longer
+    has (a table placeholder a pass replaced, which tf.nn.embedding_lookup(max_norm=...)
+    colocates its clipping with): importing would fail on them. In place; returns graph_def."""
+    names = {n.name for n in graph_def.node}
+    for node in graph_def.node:
+        if "_class" not in node.attr:
+            continue
+        groups = node.attr["_class"].list.s
+        kept = [g for g in groups if not g.startswith(b"loc:@") or g[len(b"loc:@"):].decode() in names]
+        if len(kept) == len(groups):
+            continue
+        if kept:
+            del groups[:]
+            groups.extend(kept)
+        else:
+            del node.attr["_class"]
+    return graph_def
 
 
 def unique_name(graph_def_or_names, base):

@@ -15,7 +15,8 @@ from picasso_tf.graph.rebuild import conform_inputs, import_forward
 def static_accesses(captured, analysis):
     graph = tf.Graph()
     with graph.as_default():
-        tf.graph_util.import_graph_def(captured.graph_def, name="")
+        # Typed variables: ops that read a table by handle (ResourceGatherNd) need its shape to import.
+        captured.import_typed()
     per_table = collections.defaultdict(float)
     for site in analysis.sites:
         shape = graph.get_tensor_by_name(site.ids).shape
