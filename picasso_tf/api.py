@@ -116,6 +116,8 @@ class PicassoModel(tf.keras.Model):
             specs = input_signature(original, example_inputs)
         if specs is not None:
             self._rewrite(specs)
+        # Its variables are the original's: built when that is (Keras loads .h5 weights only then).
+        self.built = bool(original.built)
 
     # -- rewriting -------------------------------------------------------------------
     def _rewrite(self, specs):

@@ -197,3 +197,22 @@ def test_storage_state_is_not_a_model_weight():
     names = [w.name for w in model.weights]
     train(model, batches(2), tf.keras.optimizers.Adam(0.01))
     assert [w.name for w in model.weights] == names == [w.name for w in model.original.weights]
+
+
+def test_weight_lists_and_h5_files_move_between_models_like_the_plain_models(tmp_path):
+    """get_weights/set_weights and .h5 weights of a trained wrapped model go into a fresh
+    wrapped model (not yet trained) and into the plain model, with the same predictions."""
+    trained, plain = picasso.optimize(build()), build(seed=7)
+    train(trained, batches(3), tf.keras.optimizers.Adam(0.01))
+    x = batches(1, seed=4)[0][0]
+    expected = trained.predict_on_batch(x)
+    assert [w.shape for w in trained.get_weights()] == [w.shape for w in plain.get_weights()]
+    fresh = picasso.optimize(build(seed=8))
+    fresh.set_weights(trained.get_weights())
+    plain.set_weights(trained.get_weights())
+    for model in (fresh, plain):
+        np.testing.assert_allclose(model.predict_on_batch(x), expected, rtol=1e-6)
+    trained.save_weights(str(tmp_path / "w.h5"))
+    from_file = picasso.optimize(build(seed=9))
+    from_file.load_weights(str(tmp_path / "w.h5"))
+    np.testing.assert_allclose(from_file.predict_on_batch(x), expected, rtol=1e-6)
