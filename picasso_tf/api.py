@@ -23,6 +23,7 @@ from picasso_tf.config import Config
 from picasso_tf.embedding.storage import make_storage
 from picasso_tf.graph.capture import input_signature
 from picasso_tf.runtime.fused_update import make_fused_update
+from picasso_tf.runtime.micro_batches import check_losses, run_micro_batches
 from picasso_tf.runtime.step import RewrittenForward, TrainingStep
 
 
@@ -188,6 +189,17 @@ class PicassoModel(tf.keras.Model):
     def train_step(self, data):
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._ensure_rewritten(x)
+        k = self.picasso.config.micro_batches
+        if k > 1:
+            check_losses(self.compiled_loss, k)
+
+            def forward_and_loss(x, y, sample_weight):
+                y_pred = self(x, training=True)
+                return y_pred, self.compute_loss(x, y, y_pred, sample_weight)
+
+            y_pred = run_micro_batches(self._training_step(), self.optimizer, forward_and_loss,
+                                       (x, y, sample_weight), k)
+            return self.compute_metrics(x, y, y_pred, sample_weight)
         y_pred = self(x, training=True)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
         updated = self._training_step().run(self.optimizer, loss)

@@ -9,8 +9,8 @@ is a bug and stops the trace instead of silently densifying the table.
 The step's stages, in order (ARCHITECTURE.md §2):
 
   backward    the loss's gradients: row-sparse for the tables' storage, dense else
-  accumulate  micro-batches' gradients summed into one step's (D-interleaving adds
-              micro-batches here; with one there is nothing to sum)
+  accumulate  micro-batches' gradients summed into one step's (D-interleaving,
+              picasso_tf.runtime.micro_batches; with one there is nothing to sum)
   exchange    collectives (Horovod: tables' row gradients to their owners over
               AllToAllv, dense gradients in one grouped Allreduce; one process: none)
   apply       fused row-sparse updates on the storage, the Keras optimizer for the rest
@@ -110,8 +110,14 @@ class TrainingStep:
                          update_ops=in_gradient.ops if in_gradient else [])
 
     def accumulate(self, micro_batches):
-        (gradients,) = micro_batches     # micro_batches > 1 is refused by the k_interleave pass
-        return gradients
+        """One step's Gradients from the micro-batches': summed per variable, a table's
+        row gradients summed per row (the fused updates take each row once)."""
+        if len(micro_batches) == 1:
+            return micro_batches[0]
+        return Gradients(tables=_sum_per_variable([g.tables for g in micro_batches]),
+                         dense=_sum_per_variable([g.dense for g in micro_batches]),
+                         updated_in_gradient=[v for g in micro_batches for v in g.updated_in_gradient],
+                         update_ops=[op for g in micro_batches for op in g.update_ops])
 
     def exchange(self, gradients):
         return gradients                 # one process: the distribute pass refuses more
@@ -132,3 +138,23 @@ class TrainingStep:
                 optimizer.apply_gradients(gradients.dense)
             else:
                 optimizer.iterations.assign_add(1)
+
+
+def _sum_per_variable(grads_and_vars_lists):
+    """[(sum of the variable's gradients, variable)] in order of first appearance."""
+    grads, variables = {}, {}
+    for grads_and_vars in grads_and_vars_lists:
+        for grad, var in grads_and_vars:
+            grads.setdefault(var.ref(), []).append(grad)
+            variables[var.ref()] = var
+    return [(_sum(grads[ref]), variables[ref]) for ref in grads]
+
+
+def _sum(grads):
+    if len(grads) == 1:
+        return grads[0]
+    if all(isinstance(g, tf.IndexedSlices) for g in grads):
+        rows, position = tf.unique(tf.concat([tf.cast(g.indices, tf.int64) for g in grads], 0))
+        values = tf.math.unsorted_segment_sum(tf.concat([g.values for g in grads], 0), position, tf.size(rows))
+        return tf.IndexedSlices(values, rows, grads[0].dense_shape)
+    return tf.add_n([tf.convert_to_tensor(g) for g in grads])

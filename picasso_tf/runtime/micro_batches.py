@@ -1,0 +1,83 @@
+"""D-interleaving (paper §III-C, Fig. 8b): one training step over K micro-batches.
+
+The batch is split along its first axis into K micro-batches whose sizes differ by at
+most one (a batch smaller than K leaves some empty). Each runs the rewritten forward
+pass and its own backward; TrainingStep.accumulate sums the K gradients (row-sparse
+ones per id) and they are applied once. Each micro-batch's mean loss is weighted by its
+share of the batch, so the step equals the whole batch's up to summation order.
+
+Micro-batch i+1's inputs wait for micro-batch i's loss: the micro-batches run one
+after another, each one's lookups and forward free to overlap the previous one's
+backward (TensorFlow's inter-op threads schedule them), instead of the whole batch at
+once. The paper's memory figures for this (Fig. 8a) are not measured here yet.
+"""
+import tensorflow as tf
+
+# Keras losses whose value is a mean over the batch's elements: a micro-batch's mean,
+# weighted by its share of the batch, sums to the batch's.
+MEAN_REDUCTIONS = ("auto", "sum_over_batch_size")
+
+
+def run_micro_batches(step, optimizer, forward_and_loss, data, k):
+    """Trains one step of `step` (a TrainingStep) over k micro-batches of `data`
+    ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight) gives a micro-batch's
+    (predictions, mean loss). Returns the whole batch's predictions."""
+    parts, shares = split_batch(data, k)
+    gradients, predictions, ready = [], [], []
+    for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
+        with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
+            x = tf.nest.map_structure(_identity, x)
+        y_pred, loss = forward_and_loss(x, y, sample_weight)
+        gradients.append(step.backward(loss * tf.cast(share, loss.dtype), optimizer.iterations))
+        predictions.append(y_pred)
+        ready = [loss]
+    step.apply(optimizer, step.exchange(step.accumulate(gradients)))
+    return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
+
+
+def split_batch(structure, k):
+    """([structure's rows of micro-batch i] for i < k, [its share of the batch])."""
+    rows = _batch_size(next(t for t in tf.nest.flatten(structure) if t is not None))
+    bounds = [(rows * i) // k for i in range(k + 1)]
+    parts = [tf.nest.map_structure(lambda t, b=b, e=e: _rows(t, b, e), structure)
+             for b, e in zip(bounds[:-1], bounds[1:])]
+    total = tf.cast(tf.maximum(rows, 1), tf.float64)
+    shares = [tf.cast(e - b, tf.float64) / total for b, e in zip(bounds[:-1], bounds[1:])]
+    return parts, shares
+
+
+def check_losses(compiled_loss, k):
+    """Refuses losses that are not means over the batch (their micro-batch parts would
+    not sum to the batch's)."""
+    for loss in tf.nest.flatten(getattr(compiled_loss, "_losses", None) or []):
+        reduction = getattr(loss, "reduction", "auto")
+        if reduction not in MEAN_REDUCTIONS:
+            raise ValueError(
+                f"picasso_tf: micro_batches={k} splits the batch, and the loss {getattr(loss, 'name', loss)!r} "
+                f"has reduction={reduction!r}, not a mean over the batch, so its micro-batch parts would not "
+                "add up to the batch's loss. Use a mean reduction (Keras' default), or micro_batches=1.")
+
+
+def _batch_size(tensor):
+    if isinstance(tensor, tf.RaggedTensor):
+        return tensor.nrows(out_type=tf.int32)
+    if isinstance(tensor, tf.SparseTensor):
+        return tf.cast(tensor.dense_shape[0], tf.int32)
+    return tf.shape(tensor, out_type=tf.int32)[0]
+
+
+def _rows(tensor, begin, end):
+    if tensor is None:
+        return None
+    if isinstance(tensor, tf.SparseTensor):
+        rank = tf.size(tensor.dense_shape)
+        start = tf.concat([[tf.cast(begin, tf.int64)], tf.zeros([rank - 1], tf.int64)], 0)
+        size = tf.concat([[tf.cast(end - begin, tf.int64)], tensor.dense_shape[1:]], 0)
+        return tf.sparse.slice(tensor, start, size)
+    return tensor[begin:end]
+
+
+def _identity(tensor):
+    if isinstance(tensor, (tf.RaggedTensor, tf.SparseTensor)):
+        return tf.nest.map_structure(tf.identity, tensor, expand_composites=True)
+    return tf.identity(tensor)

@@ -1,0 +1,88 @@
+"""D-interleaving: a step over K micro-batches equals the whole batch's (losses and
+weights, SGD / Adagrad / exact Adam, K dividing the batch or not, a batch smaller than
+K); micro-batch i+1 waits for micro-batch i's loss; batch normalisation and losses that
+are not batch means are refused with the reason."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+from picasso_tf.errors import UnsupportedModelError
+
+BATCH = 30
+FIELDS = [("u", 40, 8), ("i", 60, 8), ("c", 20, 16)]
+
+
+def build(batch_norm=False):
+    tf.keras.utils.set_random_seed(3)
+    x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
+    x["price"] = tf.keras.Input((1,), name="price")
+    parts = [tf.keras.layers.Embedding(v, d, name=f"emb_{n}", embeddings_regularizer="l2")(x[n])
+             for n, v, d in FIELDS]
+    h = tf.keras.layers.Concatenate()(parts + [x["price"]])
+    if batch_norm:
+        h = tf.keras.layers.BatchNormalization()(h)
+    h = tf.keras.layers.Dense(8, activation="relu")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+
+
+def batches(steps, rows=BATCH, seed=0):
+    rng = np.random.default_rng(seed)
+    return [({**{n: rng.zipf(1.3, rows) % v for n, v, _ in FIELDS}, "price": rng.random((rows, 1), np.float32)},
+             (rng.random(rows) < 0.4).astype("float32")) for _ in range(steps)]
+
+
+def train(k, optimizer, data):
+    model = picasso.optimize(build(), micro_batches=k)
+    model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy", metrics=["AUC"])
+    losses = [model.train_on_batch(x, y, return_dict=True) for x, y in data]
+    return [r["loss"] for r in losses], [r["auc"] for r in losses], [w.numpy() for w in model.weights]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_micro_batches_train_like_the_whole_batch(optimizer):
+    data = batches(4)
+    whole_losses, whole_auc, whole_weights = train(1, optimizer, data)
+    for k in (2, 4, 7):                   # 7 does not divide the batch of 30
+        losses, auc, weights = train(k, optimizer, data)
+        np.testing.assert_allclose(losses, whole_losses, rtol=1e-5, err_msg=f"k={k}")
+        np.testing.assert_allclose(auc, whole_auc, rtol=1e-6, err_msg=f"k={k}")
+        for a, b in zip(weights, whole_weights):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"k={k}")
+
+
+def test_a_batch_smaller_than_k_trains_like_the_whole_batch():
+    data = batches(2, rows=3)
+    whole, _, whole_weights = train(1, "adagrad", data)
+    losses, _, weights = train(4, "adagrad", data)
+    np.testing.assert_allclose(losses, whole, rtol=1e-5)
+    for a, b in zip(weights, whole_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_each_micro_batch_waits_for_the_previous_loss():
+    model = picasso.optimize(build(), micro_batches=3)
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    x, y = batches(1)[0]
+    specs = ({k: tf.TensorSpec([None] + list(np.shape(v))[1:], tf.as_dtype(v.dtype)) for k, v in x.items()},
+             tf.TensorSpec([None], tf.float32))
+    graph = tf.function(model.train_step).get_concrete_function(specs).graph
+    gates = {i: [op for op in graph.get_operations() if op.name.startswith(f"picasso_micro_batch_{i}/")]
+             for i in range(3)}
+    assert all(gates.values())
+    assert not any(op.control_inputs for op in gates[0])
+    for i in (1, 2):
+        assert all(op.control_inputs for op in gates[i]), f"micro-batch {i} does not wait"
+
+
+def test_batch_normalisation_is_refused_with_the_reason():
+    with pytest.raises(UnsupportedModelError, match="batch_normalization.*reduces over the batch"):
+        picasso.optimize(build(batch_norm=True), micro_batches=2)
+
+
+def test_a_loss_that_is_not_a_batch_mean_is_refused():
+    model = picasso.optimize(build(), micro_batches=2)
+    model.compile(optimizer="adagrad", loss=tf.keras.losses.BinaryCrossentropy(reduction="sum"))
+    x, y = batches(1)[0]
+    with pytest.raises(ValueError, match="reduction='sum'"):
+        model.train_on_batch(x, y)
