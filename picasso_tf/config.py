@@ -45,10 +45,10 @@ class Config:
       passes; their slots run in order and report what they did.
     micro_batches: D-interleaving: each training step runs the batch as this many
       micro-batches (sizes differing by at most one), sums their gradients and applies
-      them once: the same step as the whole batch's, up to summation order; each
-      micro-batch starts when the previous one's loss is known, so its lookups may overlap
-      that one's backward (picasso_tf.runtime.micro_batches). Refused for models that
-      normalise or reduce over the batch, and for losses that are not batch means.
+      them once: the same step as the whole batch's, up to summation order, with at most
+      two micro-batches' activations alive (picasso_tf.runtime.micro_batches). Refused for
+      models that normalise or reduce over the batch, and for losses that are not batch
+      means.
     fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels
       (when the user's optimizer is supported) instead of the Keras optimizer.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,

@@ -6,10 +6,11 @@ pass and its own backward; TrainingStep.accumulate sums the K gradients (row-spa
 ones per id) and they are applied once. Each micro-batch's mean loss is weighted by its
 share of the batch, so the step equals the whole batch's up to summation order.
 
-Micro-batch i+1's inputs wait for micro-batch i's loss: the micro-batches run one
-after another, each one's lookups and forward free to overlap the previous one's
-backward (TensorFlow's inter-op threads schedule them), instead of the whole batch at
-once. The paper's memory figures for this (Fig. 8a) are not measured here yet.
+Micro-batch i+1's inputs wait for micro-batch i's loss and micro-batch i-1's
+gradients: the micro-batches run one after another, each one's lookups and forward
+free to overlap the previous one's backward (TensorFlow's inter-op threads schedule
+them), and at most two micro-batches' activations are alive at once instead of the
+whole batch's (benchmarks/micro_batch_memory.py measures the peak).
 """
 import tensorflow as tf
 
@@ -23,14 +24,15 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k):
     ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight) gives a micro-batch's
     (predictions, mean loss). Returns the whole batch's predictions."""
     parts, shares = split_batch(data, k)
-    gradients, predictions, ready = [], [], []
+    gradients, predictions, losses = [], [], []
     for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
+        ready = losses[-1:] + (_computed(gradients[-2]) if i >= 2 else [])
         with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
             x = tf.nest.map_structure(_identity, x)
         y_pred, loss = forward_and_loss(x, y, sample_weight)
         gradients.append(step.backward(loss * tf.cast(share, loss.dtype), optimizer.iterations))
         predictions.append(y_pred)
-        ready = [loss]
+        losses.append(loss)
     step.apply(optimizer, step.exchange(step.accumulate(gradients)))
     return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
 
@@ -75,6 +77,12 @@ def _rows(tensor, begin, end):
         size = tf.concat([[tf.cast(end - begin, tf.int64)], tensor.dense_shape[1:]], 0)
         return tf.sparse.slice(tensor, start, size)
     return tensor[begin:end]
+
+
+def _computed(gradients):
+    """The tensors of a micro-batch's Gradients: once they exist, its backward is done."""
+    return [t for grad, _ in gradients.tables + gradients.dense
+            for t in ((grad.values, grad.indices) if isinstance(grad, tf.IndexedSlices) else (grad,))]
 
 
 def _identity(tensor):
