@@ -135,7 +135,12 @@ class TrainingStep:
             update = tf.group([v.assign(v.constraint(v)) for v in updated if v.constraint is not None] + [update])
         with tf.control_dependencies([update]):
             if gradients.dense:
-                optimizer.apply_gradients(gradients.dense)
+                # With only dense gradients, Keras' aggregation goes through an all_reduce
+                # under @tf.custom_gradient, which registers a gradient function holding
+                # the whole step graph in TF's global registry at every trace (a leak of
+                # each optimize + fit). Across one replica that sum is the identity.
+                one_replica = tf.distribute.get_replica_context().num_replicas_in_sync == 1
+                optimizer.apply_gradients(gradients.dense, experimental_aggregate_gradients=not one_replica)
             else:
                 optimizer.iterations.assign_add(1)
 
