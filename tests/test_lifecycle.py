@@ -1,0 +1,178 @@
+"""A wrapped model's Keras lifecycle (issue 20, items 3, 12, 14, 15): models with their
+own steps are refused, .keras files round-trip, model.picasso.export serves with stock
+TensorFlow, and repeated optimize + compile + fit does not grow the process."""
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+from picasso_tf.api import PicassoModel
+from picasso_tf.errors import UnsupportedModelError
+
+FIELDS, VOCAB, BATCH = 4, 30, 16
+
+
+def features(n=BATCH * 3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = {f"c{i}": rng.integers(0, VOCAB, n) for i in range(FIELDS)}
+    x["d"] = rng.random((n, 2)).astype("float32")
+    return x, (rng.random(n) < 0.5).astype("float32")
+
+
+def wide_deep():
+    """A small Wide & Deep over FIELDS categorical features: packed tables of two widths."""
+    tf.keras.utils.set_random_seed(5)
+    x = {f"c{i}": tf.keras.Input((), dtype="int64", name=f"c{i}") for i in range(FIELDS)}
+    x["d"] = tf.keras.Input((2,), name="d")
+    deep = tf.keras.layers.Concatenate()([tf.keras.layers.Embedding(VOCAB, 4)(x[f"c{i}"]) for i in range(FIELDS)]
+                                         + [x["d"]])
+    deep = tf.keras.layers.Dense(1)(tf.keras.layers.Dense(8, activation="relu")(deep))
+    wide = [tf.keras.layers.Embedding(VOCAB, 1)(x[f"c{i}"]) for i in range(FIELDS)]
+    return tf.keras.Model(x, tf.keras.layers.Activation("sigmoid")(tf.keras.layers.Add()([deep] + wide)))
+
+
+def trained(optimizer="adam"):
+    model = picasso.optimize(wide_deep())
+    assert model.picasso.program.describe_tables(), "the test model must have packed tables"
+    model.compile(optimizer=optimizer, loss="binary_crossentropy")
+    x, y = features()
+    model.fit(x, y, batch_size=BATCH, verbose=0)
+    return model
+
+
+# -- 3: a model's own train_step / compute_loss / test_step -----------------------------
+class Tower(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.table = tf.keras.layers.Embedding(VOCAB, 4)
+        self.head = tf.keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, inputs, training=None):
+        return self.head(tf.reduce_sum(self.table(inputs["c0"]), -1, keepdims=True))
+
+
+class OwnTrainStep(Tower):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x, training=True)[:, 0] - y))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+        return {"loss": loss}
+
+
+class OwnComputeLoss(Tower):
+    """TensorFlow Recommenders style: the objective lives in compute_loss."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        return tf.reduce_mean(tf.abs(y_pred[:, 0] - y))
+
+
+class OwnTestStep(Tower):
+    def test_step(self, data):
+        x, y = data
+        return {"error": tf.reduce_mean(tf.abs(self(x)[:, 0] - y))}
+
+
+@pytest.mark.parametrize("cls, method", [(OwnTrainStep, "train_step"), (OwnComputeLoss, "compute_loss"),
+                                         (OwnTestStep, "test_step")])
+def test_model_with_its_own_steps_is_refused_at_optimize(cls, method):
+    x, _ = features()
+    with pytest.raises(UnsupportedModelError, match=rf"{cls.__name__} overrides keras.Model.{method}:.*compile\(loss="):
+        picasso.optimize(cls(), example_inputs=x)
+    with pytest.raises(UnsupportedModelError, match=rf"{cls.__name__} overrides keras.Model.{method}"):
+        picasso.optimize(packing=False)(cls)()      # the class decorator too, whatever the options
+    picasso.optimize(Tower(), example_inputs=x)     # Keras' own steps: wrapped
+
+
+# -- 12: .keras save and load -----------------------------------------------------------
+def test_keras_file_round_trips_through_save_and_model_checkpoint(tmp_path):
+    model = picasso.optimize(wide_deep())
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    x, y = features()
+    checkpoint = tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch.keras"))
+    model.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[checkpoint])
+    model.save(tmp_path / "m.keras")
+    for path in ("m.keras", "epoch.keras"):
+        loaded = tf.keras.models.load_model(tmp_path / path)     # registered: no custom_objects
+        assert isinstance(loaded, PicassoModel) and loaded.picasso.config == model.picasso.config
+        assert [w.name for w in loaded.weights] == [w.name for w in model.weights]
+        for saved, restored in zip(model.get_weights(), loaded.get_weights()):
+            np.testing.assert_array_equal(restored, saved)
+        np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    # The optimizer state came back too: one more step gives the same weights.
+    assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 3
+    for m in (model, loaded):
+        m.fit(x, y, batch_size=BATCH, verbose=0)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(b, a)
+
+
+# -- 14: export for serving without picasso_tf ------------------------------------------
+SERVE = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    directory, batch, out = sys.argv[1:]
+    serve = tf.saved_model.load(directory).signatures["serving_default"]
+    graph = serve.graph.as_graph_def()
+    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    x = dict(np.load(batch))
+    outputs = serve(**{k: tf.constant(v) for k, v in x.items()})
+    (prediction,) = outputs.values()
+    np.save(out, prediction.numpy())
+    print(json.dumps({"ops": sorted(ops), "picasso_imported": any(m.startswith("picasso_tf") for m in sys.modules)}))
+""")
+
+
+def test_export_is_served_by_stock_tensorflow_without_picasso_ops(tmp_path):
+    model = trained()
+    model.picasso.export(str(tmp_path / "export"))
+    x, _ = features(BATCH, seed=1)
+    np.savez(tmp_path / "batch.npz", **x)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PICASSO")}
+    run = subprocess.run([sys.executable, "-c", SERVE, str(tmp_path / "export"), str(tmp_path / "batch.npz"),
+                          str(tmp_path / "served.npy")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    served = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not served["picasso_imported"]
+    assert "ReadVariableOp" in served["ops"] and not [op for op in served["ops"] if op.startswith("Picasso")]
+    np.testing.assert_allclose(np.load(tmp_path / "served.npy"), model.predict(x, verbose=0), rtol=1e-6, atol=1e-7)
+
+
+def test_export_refuses_a_model_whose_signature_keras_does_not_know(tmp_path):
+    model = picasso.optimize(Tower())          # subclassed, never called: no serving signature
+    with pytest.raises(ValueError, match="cannot export .*input signature"):
+        model.picasso.export(str(tmp_path / "export"))
+
+
+# -- 15: memory over repeated optimize + compile + fit ----------------------------------
+def rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_rss_stays_flat_over_repeated_optimize_compile_fit():
+    x, y = features()
+
+    def cycle():
+        model = picasso.optimize(wide_deep())      # the fused optimizer (default)
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+        del model
+        gc.collect()
+        tf.keras.backend.clear_session()
+        gc.collect()
+
+    for _ in range(3):                              # warm-up: caches, the op library, Keras' state
+        cycle()
+    start = rss_mb()
+    for _ in range(20):
+        cycle()
+    assert rss_mb() <= start * 1.05, f"RSS grew from {start:.0f} MB to {rss_mb():.0f} MB over 20 cycles"
