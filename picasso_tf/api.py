@@ -21,7 +21,9 @@ import tensorflow as tf
 from picasso_tf.compiler import compile_program
 from picasso_tf.config import Config
 from picasso_tf.embedding.storage import make_storage
-from picasso_tf.graph.capture import input_signature
+from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.export import export_saved_model
+from picasso_tf.graph.capture import check_has_call, input_signature
 from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.micro_batches import check_losses, run_micro_batches
 from picasso_tf.runtime.step import RewrittenForward, TrainingStep
@@ -57,8 +59,9 @@ class PicassoInfo:
     """model.picasso: the options, the compiled Program, the storage, the report, and
     weight write-back."""
 
-    def __init__(self, config):
+    def __init__(self, config, original=None):
         self.config = config
+        self.original = original        # the user's model, which export() saves
         self.program = None             # the compiled Program, once the model is rewritten
         self.storages = {}              # table group name -> EmbeddingStorage
         self.optimizer_note = None      # how the storage is updated, once training starts
@@ -74,6 +77,12 @@ class PicassoInfo:
         tables read in place already do."""
         for storage in self.storages.values():
             storage.write_back()
+
+    def export(self, directory):
+        """Writes a SavedModel of the original model with the trained weights, which
+        stock TensorFlow loads and serves without picasso_tf (picasso_tf.export)."""
+        self.write_back()
+        export_saved_model(self.original, directory)
 
     def report(self):
         """A readable summary of what was rewritten."""
@@ -97,13 +106,40 @@ class PicassoInfo:
         return "\n".join(lines)
 
 
+# The keras.Model steps PicassoModel replaces with its own (the rewritten forward pass,
+# the compiled loss, the staged training step).
+KERAS_STEPS = ("train_step", "test_step", "predict_step", "compute_loss", "compute_metrics")
+
+
+def check_keeps_keras_steps(original):
+    """Refuses a model with its own training/evaluation steps: PicassoModel would
+    silently replace them."""
+    own = [name for name in KERAS_STEPS if getattr(type(original), name) is not getattr(tf.keras.Model, name)]
+    if own:
+        raise UnsupportedModelError(
+            f"{type(original).__name__} overrides keras.Model.{', '.join(own)}: picasso_tf trains with its own "
+            "steps (the rewritten forward pass, the loss given to compile(loss=...), its gradients taken with "
+            "tf.gradients, since a GradientTape does not see the rewritten graph), so the model's own would be "
+            "replaced and it would train or evaluate something else. Compute the loss with compile(loss=...) "
+            "(plus add_loss() in call() for extra terms) and keep Keras' standard steps, or train the model "
+            "without picasso_tf.optimize.")
+
+
+@tf.keras.utils.register_keras_serializable(package="picasso_tf")
 class PicassoModel(tf.keras.Model):
-    """A keras.Model running the rewritten graph of `original`."""
+    """A keras.Model running the rewritten graph of `original`.
+
+    `.keras` files round-trip: model.save("m.keras") (ModelCheckpoint too) and
+    tf.keras.models.load_model("m.keras") give a PicassoModel with the same weights and
+    optimizer state once picasso_tf is imported; a subclassed original's own classes
+    need custom_objects or registration, as for the plain model."""
 
     def __init__(self, original, config=None, example_inputs=None, warmup_data=None):
+        check_has_call(original)
+        check_keeps_keras_steps(original)
         super().__init__(name=f"picasso_{original.name}")
         self.original = original            # tracked: its variables stay in checkpoints
-        self.picasso = PicassoInfo(config or Config())
+        self.picasso = PicassoInfo(config or Config(), original)
         self._warmup_data = warmup_data
         self._forward = None
         self._eager_calls = {}
@@ -217,3 +253,16 @@ class PicassoModel(tf.keras.Model):
 
     def get_config(self):
         return {"original": tf.keras.layers.serialize(self.original), "picasso": self.picasso.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        original = tf.keras.layers.deserialize(config["original"], custom_objects=custom_objects)
+        return cls(original, Config(**config["picasso"]))
+
+    def save(self, *args, **kwargs):
+        self.picasso.write_back()     # the original's variables, which are saved, hold the rows
+        return super().save(*args, **kwargs)
+
+    def save_weights(self, *args, **kwargs):
+        self.picasso.write_back()
+        return super().save_weights(*args, **kwargs)

@@ -145,16 +145,21 @@ def _spec_name(name):
     return "".join(c if c.isalnum() or c in "_-." else "_" for c in name) or "input"
 
 
-def capture(model, specs, training, check_numerics=False):
-    """Traces model(inputs, training) on `specs` and returns a CapturedGraph.
-    check_numerics: every float feature first passes a CheckNumerics op whose error
-    names the feature."""
+def check_has_call(model):
+    """Refuses a Keras model without call(): there is no forward pass to rewrite."""
     if isinstance(model, tf.keras.Model) and type(model).call is tf.keras.Model.call:
         raise UnsupportedModelError(
             f"{type(model).__name__} has no call(): picasso_tf rewrites the forward pass a model's call() "
             "defines, and this model computes its outputs elsewhere (in its own train_step, as the TensorFlow "
             "Recommenders tutorials do). Move the forward pass into call(inputs, training=None), or train "
             "the model without picasso_tf.optimize.")
+
+
+def capture(model, specs, training, check_numerics=False):
+    """Traces model(inputs, training) on `specs` and returns a CapturedGraph.
+    check_numerics: every float feature first passes a CheckNumerics op whose error
+    names the feature."""
+    check_has_call(model)
 
     def forward(inputs):
         if check_numerics:
