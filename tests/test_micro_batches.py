@@ -85,3 +85,33 @@ def test_a_loss_that_is_not_a_batch_mean_is_refused():
     x, y = batches(1)[0]
     with pytest.raises(ValueError, match="reduction='sum'"):
         model.train_on_batch(x, y)
+
+
+def test_a_masked_output_is_refused():
+    x = tf.keras.Input((5,), dtype="int64", name="seq")
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Embedding(20, 4, mask_zero=True)(x))
+    model = picasso.optimize(tf.keras.Model(x, out), micro_batches=2)
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    ids = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 0, 0]] * 4)
+    with pytest.raises(UnsupportedModelError, match="carries a Keras mask"):
+        model.train_on_batch({"seq": ids}, np.ones((8, 5, 1), np.float32))
+
+
+def test_a_recurrent_model_trains_like_the_whole_batch():
+    """A GRU's loop functions are imported once per micro-batch, each its own copy."""
+    def build_gru():
+        tf.keras.utils.set_random_seed(4)
+        x = tf.keras.Input((5,), dtype="int64", name="hist")
+        h = tf.keras.layers.GRU(4)(tf.keras.layers.Embedding(30, 8)(x))
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+
+    rng = np.random.default_rng(2)
+    data = [({"hist": rng.integers(0, 30, (12, 5))}, (rng.random(12) < 0.5).astype("float32")) for _ in range(3)]
+    results = []
+    for k in (1, 3):
+        model = picasso.optimize(build_gru(), micro_batches=k)
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        results.append(([model.train_on_batch(x, y) for x, y in data], [w.numpy() for w in model.weights]))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
+    for a, b in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

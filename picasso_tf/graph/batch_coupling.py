@@ -5,8 +5,8 @@ An op couples samples when it lies on a path from the model's inputs to its outp
 and normalises over the batch (FusedBatchNorm in training) or reduces over the batch
 axis (Keras' BatchNormalization on 2-D inputs computes tf.nn.moments over axis 0; an
 in-batch softmax or a batch mean feeding the outputs does the same). Reductions that
-read no input (a regularizer of a table) or feed only the regularization loss are not
-couplings.
+read no input (a regularizer of a table), feed only the regularization loss, or reduce
+integers (shape arithmetic) are not couplings.
 """
 import collections
 
@@ -32,7 +32,14 @@ def batch_coupling_ops(captured):
     to_outputs = _reachable([split_tensor_name(t)[0] for t in captured.output_tensors], producers)
     return sorted(name for name in from_inputs & to_outputs
                   if nodes[name].op in NORMALISATIONS
-                  or (nodes[name].op in REDUCTIONS and 0 in _constant_axes(nodes, nodes[name])))
+                  or (nodes[name].op in REDUCTIONS and _reduces_values(nodes[name])
+                      and 0 in _constant_axes(nodes, nodes[name])))
+
+
+def _reduces_values(reduction):
+    # A float reduction reduces values; an integer one over axis 0 is shape arithmetic
+    # (the Prod of a Shape in a Tensordot), which couples nothing.
+    return tf.as_dtype(reduction.attr["T"].type).is_floating
 
 
 def _reachable(starts, edges):

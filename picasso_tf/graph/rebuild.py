@@ -4,6 +4,7 @@ Imported ops are invisible to tf.GradientTape, so callers differentiate with
 tf.gradients; custom ops carry their own registered gradients.
 """
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
 
 from picasso_tf.graph.inline import register_library
 
@@ -87,6 +88,7 @@ def import_forward(graph_def, input_tensors, inputs, captures, output_tensors, n
     graph = tf.compat.v1.get_default_graph()
     if not hasattr(graph, "capture"):
         raise RuntimeError("import_forward must run while tracing a tf.function")
+    graph_def = _functions_new_to(graph, graph_def)
     register_library(graph_def)
     input_map = dict(zip(input_tensors, inputs))
     for placeholder, value in captures.items():
@@ -95,3 +97,35 @@ def import_forward(graph_def, input_tensors, inputs, captures, output_tensors, n
     return tf.graph_util.import_graph_def(
         graph_def, input_map=input_map, return_elements=list(output_tensors), name=name)
 
+
+
+def _functions_new_to(graph, graph_def):
+    """graph_def, its library functions renamed if `graph` already has them: a graph
+    imported twice into one function (micro-batches) must not share control-flow
+    functions, whose gradients TensorFlow builds per function name."""
+    names = [f.signature.name for f in graph_def.library.function]
+    if not any(graph._is_function(name) for name in names):
+        return graph_def
+    suffix = graph.unique_name("picasso_copy", mark_as_used=True).rsplit("/", 1)[-1]
+    renamed = {name: f"{name}_{suffix}" for name in names}
+    copy = graph_pb2.GraphDef()
+    copy.CopyFrom(graph_def)
+    for function in copy.library.function:
+        function.signature.name = renamed[function.signature.name]
+        for node in function.node_def:
+            _rename_calls(node, renamed)
+    for node in copy.node:
+        _rename_calls(node, renamed)
+    return copy
+
+
+def _rename_calls(node, renamed):
+    """Points a node's function-valued attributes (While/If branches, calls) at the renamed functions."""
+    if node.op in renamed:                      # a function called as an op
+        node.op = renamed[node.op]
+    for value in node.attr.values():
+        if value.HasField("func") and value.func.name in renamed:
+            value.func.name = renamed[value.func.name]
+        for func in value.list.func:
+            if func.name in renamed:
+                func.name = renamed[func.name]

@@ -14,6 +14,8 @@ whole batch's (benchmarks/micro_batch_memory.py measures the peak).
 """
 import tensorflow as tf
 
+from picasso_tf.errors import UnsupportedModelError
+
 # Keras losses whose value is a mean over the batch's elements: a micro-batch's mean,
 # weighted by its share of the batch, sums to the batch's.
 MEAN_REDUCTIONS = ("auto", "sum_over_batch_size")
@@ -30,6 +32,7 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k):
         with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
             x = tf.nest.map_structure(_identity, x)
         y_pred, loss = forward_and_loss(x, y, sample_weight)
+        _refuse_masked(y_pred, k)
         gradients.append(step.backward(loss * tf.cast(share, loss.dtype), optimizer.iterations))
         predictions.append(y_pred)
         losses.append(loss)
@@ -77,6 +80,16 @@ def _rows(tensor, begin, end):
         size = tf.concat([[tf.cast(end - begin, tf.int64)], tensor.dense_shape[1:]], 0)
         return tf.sparse.slice(tensor, start, size)
     return tensor[begin:end]
+
+
+def _refuse_masked(y_pred, k):
+    # Keras weights metrics by an output's mask, which the whole batch's predictions,
+    # concatenated from the micro-batches', would not carry.
+    if any(getattr(t, "_keras_mask", None) is not None for t in tf.nest.flatten(y_pred)):
+        raise UnsupportedModelError(
+            f"picasso_tf: micro_batches={k}: the model's output carries a Keras mask, which its metrics are "
+            "weighted by and the micro-batches' concatenated predictions would not carry. Use micro_batches=1 "
+            "for this model.")
 
 
 def _computed(gradients):
