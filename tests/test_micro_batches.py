@@ -115,3 +115,20 @@ def test_a_recurrent_model_trains_like_the_whole_batch():
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
     for a, b in zip(results[1][1], results[0][1]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["din", "dien", "mmoe"])   # sequences and attention, a GRU, two heads
+def test_zoo_models_train_like_the_whole_batch(name):
+    from test_zoo import MIXED, random_data, zoo
+    data = random_data(MIXED, 64 * 2, seed=3)
+    steps = [(data.take(np.arange(s * 64, (s + 1) * 64)).features, data.take(np.arange(s * 64, (s + 1) * 64)).label_dict)
+             for s in range(2)]
+    results = []
+    for k in (1, 3):
+        tf.keras.utils.set_random_seed(1)
+        model = picasso.optimize(zoo.build(name, MIXED), micro_batches=k)
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+        results.append((np.ravel([model.train_on_batch(x, y) for x, y in steps]), [w.numpy() for w in model.weights]))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
+    for a, b in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
