@@ -49,6 +49,9 @@ class Config:
       two micro-batches' activations alive (picasso_tf.runtime.micro_batches). Refused for
       models that normalise or reduce over the batch, and for losses that are not batch
       means.
+    interleave_groups: K-interleaving: the fused lookups go into this many groups of
+      about equal parameter volume (Eq. 3), each group's lookups waiting for the
+      previous group's (picasso_tf.passes.interleaving). 1: no groups.
     fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels
       (when the user's optimizer is supported) instead of the Keras optimizer.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
@@ -81,6 +84,7 @@ class Config:
     distribute: bool = True
     interleaving: bool = True
     micro_batches: int = 1
+    interleave_groups: int = 1
     fused_optimizer: bool = True
     apply_in_gradient: bool = True
     lazy_optimizer: bool = False
@@ -90,6 +94,8 @@ class Config:
     def __post_init__(self):
         if self.micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        if self.interleave_groups < 1:
+            raise ValueError(f"interleave_groups must be >= 1, got {self.interleave_groups}")
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
         if not 0.0 <= self.projection_max_distinct <= 1.0:

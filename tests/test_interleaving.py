@@ -1,13 +1,16 @@
-"""D-interleaving: a step over K micro-batches equals the whole batch's (losses and
-weights, SGD / Adagrad / exact Adam, K dividing the batch or not, a batch smaller than
-K); micro-batch i+1 waits for micro-batch i's loss; batch normalisation and losses that
-are not batch means are refused with the reason."""
+"""Interleaving. D-interleaving: a step over K micro-batches equals the whole batch's
+(losses and weights, SGD / Adagrad / exact Adam, K dividing the batch or not, a batch
+smaller than K, recurrent and zoo models); micro-batch i+1 waits for micro-batch i's
+loss; batch normalisation, masked outputs and losses that are not batch means are
+refused with the reason. K-interleaving: Eq. 3's groups, chained by control
+dependencies as planned, training unchanged."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import picasso_tf as picasso
 from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.passes.interleaving import interleaving_groups
 
 BATCH = 30
 FIELDS = [("u", 40, 8), ("i", 60, 8), ("c", 20, 16)]
@@ -132,3 +135,31 @@ def test_zoo_models_train_like_the_whole_batch(name):
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
     for a, b in zip(results[1][1], results[0][1]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_interleaving_groups_follow_eq_3_capacity():
+    assert interleaving_groups([4, 4, 2, 6], 2) == [[0, 1], [2, 3]]     # capacity 8
+    assert interleaving_groups([10, 1, 1], 2) == [[0], [1, 2]]          # a lookup above capacity alone
+    assert interleaving_groups([1, 1, 1], 5) == [[0], [1], [2]]         # never more groups than lookups
+    assert interleaving_groups([3, 3], 1) == [[0, 1]]
+
+
+def test_interleaving_groups_are_chained_and_training_is_unchanged():
+    def optimized(groups):
+        return picasso.optimize(build(), interleave_groups=groups, stitching=False)
+
+    chained = optimized(2)
+    [report] = [p for p in chained.picasso.reports["training"]["passes"] if p["pass"] == "k_interleave"]
+    assert report["changed"] and len(report["groups"]) == 2
+    nodes = {n.name: n for n in chained.rewritten_forward().captured.graph_def.node}
+    first, second = report["groups"]
+    for name in first:
+        assert not [i for i in nodes[name].input if i.startswith("^picasso")]
+    for name in second:
+        assert {f"^{b}" for b in first} <= set(nodes[name].input), name
+    data = batches(3)
+    losses = {}
+    for groups, model in ((1, optimized(1)), (2, chained)):
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        losses[groups] = [model.train_on_batch(x, y) for x, y in data]
+    np.testing.assert_array_equal(losses[2], losses[1])

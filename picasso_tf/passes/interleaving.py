@@ -1,0 +1,68 @@
+"""Interleaving (paper §III-C): D-interleaving's check and K-interleaving's groups.
+
+D-interleaving (``micro_batches=K``) runs in the training step
+(picasso_tf.runtime.micro_batches); the graph is unchanged, and this pass refuses a
+model whose forward pass couples a batch's samples (graph/batch_coupling.py).
+
+K-interleaving (``interleave_groups=N``) puts the graph's fused lookups, in graph
+order, into N interleaving groups of about Eq. 3's capacity, the total parameter
+volume (Eq. 1, the paper's cost of a lookup) over N (its "proportionally modifying
+Capacity_g"), and chains the groups with control dependencies: every lookup of group
+j+1 waits for every lookup of group j, so that groups do not contend for the same
+memory bandwidth (or, across ranks, network) at once. With N=1 (the default) nothing
+is chained: on a CPU that contention has not been measured to pay for the lost
+overlap, so the pass stands down unless asked.
+"""
+import dataclasses
+
+from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.graph.batch_coupling import batch_coupling_ops
+
+
+def k_interleave(program, graph, config):
+    report = {"micro_batches": config.micro_batches}
+    if config.micro_batches > 1:
+        coupled = batch_coupling_ops(program.graphs[graph])
+        if coupled:
+            raise UnsupportedModelError(
+                f"picasso_tf: micro_batches={config.micro_batches} runs the model on micro-batches, and "
+                f"{coupled[0]} ({len(coupled)} such op(s)) normalises or reduces over the batch: each micro-batch "
+                "would be computed on its own, a different result from the whole batch's. Use micro_batches=1 "
+                "for this model.")
+    records = program.lookups.get(graph, [])
+    if config.interleave_groups == 1 or len(records) < 2:
+        report["why"] = (f"interleave_groups={config.interleave_groups}: no kernel interleaving groups"
+                         if len(records) >= 2 else "fewer than two fused lookups: nothing to interleave")
+        return program, {"changed": False, **report}
+    volumes = [sum(program.layout(g).param_volume for g in record.groups) for record in records]
+    groups = interleaving_groups(volumes, config.interleave_groups)
+    captured = program.graphs[graph]
+    graph_def = chain_groups(captured.graph_def, [[records[i].node for i in group] for group in groups])
+    program = dataclasses.replace(program, graphs={**program.graphs,
+                                                   graph: dataclasses.replace(captured, graph_def=graph_def)})
+    return program, {"changed": True, **report, "groups": [[records[i].node for i in g] for g in groups],
+                     "volumes": [round(sum(volumes[i] for i in g), 3) for g in groups]}
+
+
+def interleaving_groups(volumes, n):
+    """Consecutive lookups (indices into `volumes`) in at most n groups of about equal
+    volume: Eq. 3 with Capacity_g = total / n. A lookup joins the group its volume's
+    midpoint falls in, so a lookup larger than the capacity is a group of its own."""
+    capacity = sum(volumes) / n
+    groups, done = [[] for _ in range(n)], 0.0
+    for i, volume in enumerate(volumes):
+        groups[min(n - 1, int((done + volume / 2) / capacity))].append(i)
+        done += volume
+    return [g for g in groups if g]
+
+
+def chain_groups(graph_def, groups):
+    """A copy of graph_def where every node of groups[j + 1] has a control input on
+    every node of groups[j]."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    nodes = {n.name: n for n in out.node}
+    for before, after in zip(groups, groups[1:]):
+        for name in after:
+            nodes[name].input.extend(f"^{b}" for b in before if f"^{b}" not in nodes[name].input)
+    return out
