@@ -51,7 +51,8 @@ class Config:
       means.
     interleave_groups: K-interleaving: the fused lookups go into this many groups of
       about equal parameter volume (Eq. 3), each group's lookups waiting for the
-      previous group's (picasso_tf.passes.interleaving). 1: no groups.
+      previous group's (picasso_tf.passes.interleaving). 1 (the default): no groups,
+      as they have not paid on a CPU.
     fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels
       (when the user's optimizer is supported) instead of the Keras optimizer.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
