@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from picasso_tf import data as pdata
 from picasso_tf import models as zoo
@@ -141,8 +142,12 @@ def test_resume_restores_weights_and_continues_the_step_count(tmp_path, capsys):
     fresh = zoo.get(info["model"])(schema, **info["hparams"])
     fresh.load_weights(info["weights"]).assert_existing_objects_matched()
     features = straight["data"].test.features
-    np.testing.assert_allclose(fresh.predict(features, verbose=0),
-                               straight["models"]["picasso"].predict(features, verbose=0), rtol=1e-5, atol=1e-6)
+    expected = straight["models"]["picasso"].predict(features, verbose=0)
+    np.testing.assert_allclose(fresh.predict(features, verbose=0), expected, rtol=1e-5, atol=1e-6)
+    # and a SavedModel of the original model that serves the same predictions.
+    serve = tf.saved_model.load(info["saved_model"]).signatures["serving_default"]
+    (served,) = serve(**{k: tf.constant(v) for k, v in features.items()}).values()
+    np.testing.assert_allclose(served.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_fit_segments_continue_mid_epoch():

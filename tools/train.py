@@ -23,12 +23,13 @@ Parquet or TFRecord (picasso_tf.data's writers) with --schema. Files are read in
 memory (--rows caps how many rows) and split into train and test (--test-fraction).
 
 State: TensorBoard logs, checkpoints (tf.train.CheckpointManager: model, optimizer
-state including picasso's packed-table slots, and the step count) and the summary go
+state and the step count; a picasso checkpoint is the plain model's) and the summary go
 to --logdir (default ./runs/<timestamp>). --resume continues each mode from its latest
 checkpoint in --logdir up to the same total (--steps, or --epochs worth of steps); the
-data order continues where it stopped. --export DIR writes the trained weights into
-the original (un-rewritten) zoo model: model.picasso.write_back(), then
-model.original.save_weights(DIR/weights), plus DIR/schema.json and DIR/export.json.
+data order continues where it stopped. --export DIR writes the trained weights of
+the original (un-rewritten) zoo model, model.original.save_weights(DIR/weights), and
+a SavedModel of it that stock TensorFlow serves (DIR/saved_model, written by
+model.picasso.export), plus DIR/schema.json and DIR/export.json.
 
 Exit codes: 0 done; 2 bad arguments or data (one line naming the problem and the
 valid choices); 3 started by horovodrun/mpirun with more than one process
@@ -156,8 +157,8 @@ def build_parser():
                    help="save a checkpoint every N steps (default 0: only at the end of training)")
     g.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --logdir (each mode its own)")
-    g.add_argument("--export", metavar="DIR", help="write the trained weights into the original zoo model "
-                                                   "and save them to DIR")
+    g.add_argument("--export", metavar="DIR", help="write the original zoo model's trained weights and a "
+                                                   "SavedModel for serving to DIR")
     g.add_argument("--summary", help="JSON summary path (default <logdir>/summary.json)")
     g.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip the op counts (picasso_tf.profile)")
@@ -704,7 +705,8 @@ def run(args):
     if args.export:
         export = export_original(models["picasso"] if "picasso" in models else models["baseline"], args, schema,
                                  params, "picasso" if "picasso" in models else "baseline")
-        print(f"\nexported the trained weights into the original {args.model}: {export['weights']}")
+        print(f"\nexported the trained weights into the original {args.model}: {export['weights']}; "
+              f"a SavedModel of it for serving: {export['saved_model']}")
 
     summary = {
         "command": "picasso-train " + " ".join(sys.argv[1:] if getattr(args, "_argv", None) is None
@@ -734,15 +736,19 @@ def export_original(model, args, schema, params, mode):
     """Writes `model`'s trained weights as weights of the original zoo model to args.export."""
     out = args.export
     os.makedirs(out, exist_ok=True)
-    original = model
+    from picasso_tf.export import export_saved_model
+    saved_model = os.path.join(out, "saved_model")
     if mode == "picasso":
-        model.picasso.write_back()
-        original = model.original
+        model.picasso.export(saved_model)       # writes the storage back into the original first
+        model = model.original
+    else:
+        export_saved_model(model, saved_model)
     weights = os.path.join(out, "weights")
-    original.save_weights(weights)
+    model.save_weights(weights)
     schema.save(os.path.join(out, "schema.json"))
     plain = {k: v for k, v in params.items() if _is_json(v)}
     info = {"model": args.model, "hparams": plain, "trained_with": mode, "weights": weights,
+            "saved_model": saved_model,
             "hparams_left_out": sorted(set(params) - set(plain)),
             "load": "import picasso_tf.models as zoo; from picasso_tf.data import Schema; "
                     "m = zoo.get(MODEL)(Schema.load('schema.json'), **HPARAMS); m.load_weights('weights')"}
