@@ -180,10 +180,11 @@ class PicassoModel(tf.keras.Model):
         """(TrainingStep for `optimizer`, how it updates the storage): what train_step
         runs, for tools that run or inspect the step themselves (picasso_tf.profile)."""
         storages = list(self.picasso.storages.values())
-        with tf.init_scope(), tf.name_scope(optimizer.name or "optimizer"):
-            # Built on the plain model's variables in its order (and under Keras' names):
-            # every slot, the fused updates' too, sits where the plain model's has it.
-            optimizer.build(self.original.trainable_variables)
+        if not isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):   # legacy ones make slots per variable
+            with tf.init_scope(), tf.name_scope(getattr(optimizer, "name", None) or "optimizer"):
+                # Built on the plain model's variables in its order (and under Keras' names):
+                # every slot, the fused updates' too, sits where the plain model's has it.
+                optimizer.build(self.original.trainable_variables)
         fused, note = make_fused_update(optimizer, storages, self.picasso.config)
         note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")

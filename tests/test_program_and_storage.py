@@ -216,3 +216,16 @@ def test_weight_lists_and_h5_files_move_between_models_like_the_plain_models(tmp
     from_file = picasso.optimize(build(seed=9))
     from_file.load_weights(str(tmp_path / "w.h5"))
     np.testing.assert_allclose(from_file.predict_on_batch(x), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [lambda: tf.keras.optimizers.legacy.Adam(0.01),
+                                  lambda: tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(0.01))],
+                         ids=["legacy Adam", "LossScaleOptimizer"])
+def test_optimizers_without_a_fused_form_train_the_tables_like_keras(make):
+    """The Keras optimizer updates the tables in place (its own slots, legacy or wrapped)."""
+    baseline, wrapped = build(), picasso.optimize(build())
+    data = batches(3)
+    np.testing.assert_allclose(train(wrapped, data, make()), train(baseline, data, make()), rtol=1e-6)
+    assert "updated by the Keras optimizer" in wrapped.picasso.optimizer_note
+    for a, b in zip(baseline.weights, wrapped.original.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
