@@ -172,8 +172,12 @@ class PicassoModel(tf.keras.Model):
 
     def _training_step(self):
         """Made at the first training step, once the optimizer is known."""
-        if self._step is None:
+        # Made again after compile() with another optimizer, or after the trainable
+        # variables changed (fine-tuning: Keras applies layer.trainable at compile too).
+        key = (id(self.optimizer), tuple(v.ref() for v in self.original.trainable_variables))
+        if self._step is None or self._step_key != key:
             self._step, self.picasso.optimizer_note = self.make_training_step(self.optimizer)
+            self._step_key = key
         return self._step
 
     def make_training_step(self, optimizer):

@@ -229,3 +229,21 @@ def test_optimizers_without_a_fused_form_train_the_tables_like_keras(make):
     assert "updated by the Keras optimizer" in wrapped.picasso.optimizer_note
     for a, b in zip(baseline.weights, wrapped.original.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
+
+
+def test_recompiling_with_another_optimizer_or_other_trainable_layers_trains_like_keras():
+    """compile() again (a new optimizer; a table frozen for fine-tuning) takes effect."""
+    baseline, wrapped = build(), picasso.optimize(build())
+    losses = {}
+    for name, model in (("baseline", baseline), ("wrapped", wrapped)):
+        original = getattr(model, "original", model)
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.2), loss="binary_crossentropy")
+        losses[name] = [float(model.train_on_batch(x, y)) for x, y in batches(2)]
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss="binary_crossentropy")
+        losses[name] += [float(model.train_on_batch(x, y)) for x, y in batches(2, seed=1)]
+        original.get_layer("emb_u").trainable = False
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss="binary_crossentropy")
+        losses[name] += [float(model.train_on_batch(x, y)) for x, y in batches(2, seed=2)]
+    np.testing.assert_allclose(losses["wrapped"], losses["baseline"], rtol=1e-5)
+    for a, b in zip(baseline.weights, wrapped.original.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
