@@ -525,8 +525,10 @@ def run_ablation(sizes, progress):
         except Exception as e:       # noqa: BLE001
             out["rows"].append({"name": model, "model": model, "error": _error(e)})
         cleanup()
-    out["notes"].append("interleaving=False: the interleaving pass slot reports 'not built yet', so the full "
-                        "configuration runs the same graph; hybrid_hash=True raises NotImplementedError (not built). "
+    out["notes"].append("interleaving=False: interleaving is off by default (micro_batches=1, interleave_groups=1: "
+                        "neither pays on this CPU, benchmarks/interleaving_sweep.txt), so the full configuration runs "
+                        "the same graph and the column shows run-to-run noise; hybrid_hash=True raises "
+                        "NotImplementedError (not built). "
                         "Schemas: the paper's layouts (see ops) scaled by "
                         + ", ".join(f"{m} {sizes.ablation_scale.get(m, 1.0):g}" for m in sizes.ablation_models)
                         + f"; vocabulary {sizes.scaling_vocab:,}, sequences of {sizes.alibaba_seq_len}.")
