@@ -12,7 +12,7 @@ import collections
 
 import tensorflow as tf
 
-from picasso_tf.graph.graph_def_util import split_tensor_name
+from picasso_tf.graph.graph_def_util import reachable_nodes, split_tensor_name
 
 NORMALISATIONS = {"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"}
 REDUCTIONS = {"Mean", "Sum", "Max", "Min", "Prod"}
@@ -21,15 +21,14 @@ REDUCTIONS = {"Mean", "Sum", "Max", "Min", "Prod"}
 def batch_coupling_ops(captured):
     """Names of the ops of a CapturedGraph's forward pass that couple a batch's samples."""
     nodes = {n.name: n for n in captured.graph_def.node}
-    consumers, producers = collections.defaultdict(list), collections.defaultdict(list)
+    consumers = collections.defaultdict(list)
     for node in captured.graph_def.node:
         for inp in node.input:
             source, index = split_tensor_name(inp)
             if index >= 0:                          # data edges only
                 consumers[source].append(node.name)
-                producers[node.name].append(source)
-    from_inputs = _reachable([split_tensor_name(t)[0] for t in captured.input_tensors], consumers)
-    to_outputs = _reachable([split_tensor_name(t)[0] for t in captured.output_tensors], producers)
+    from_inputs = _downstream([split_tensor_name(t)[0] for t in captured.input_tensors], consumers)
+    to_outputs = reachable_nodes(captured.graph_def, captured.output_tensors)
     return sorted(name for name in from_inputs & to_outputs
                   if nodes[name].op in NORMALISATIONS
                   or (nodes[name].op in REDUCTIONS and _reduces_values(nodes[name])
@@ -42,10 +41,10 @@ def _reduces_values(reduction):
     return tf.as_dtype(reduction.attr["T"].type).is_floating
 
 
-def _reachable(starts, edges):
+def _downstream(starts, consumers):
     seen, todo = set(starts), list(starts)
     while todo:
-        for name in edges[todo.pop()]:
+        for name in consumers[todo.pop()]:
             if name not in seen:
                 seen.add(name)
                 todo.append(name)
