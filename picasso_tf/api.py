@@ -25,7 +25,8 @@ from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.export import export_saved_model
 from picasso_tf.graph.capture import check_has_call, input_signature
 from picasso_tf.runtime.fused_update import make_fused_update
-from picasso_tf.runtime.micro_batches import check_losses, run_micro_batches
+from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
+from picasso_tf.runtime.micro_batches import check_losses, loss_refusal, run_micro_batches
 from picasso_tf.runtime.step import RewrittenForward, TrainingStep
 
 
@@ -231,6 +232,9 @@ class PicassoModel(tf.keras.Model):
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._ensure_rewritten(x)
         k = self.picasso.config.micro_batches
+        if k == "auto":
+            k = plan_micro_batches(self.picasso.program, self._forward[True], self._warmup_data, x,
+                                   loss_refusal(self.compiled_loss), self.picasso.config)
         if k > 1:
             check_losses(self.compiled_loss, k)
 

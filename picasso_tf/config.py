@@ -5,6 +5,7 @@ Each rewrite pass can be switched off on its own, which is how the paper's ablat
 """
 import dataclasses
 import os
+from typing import Optional, Union
 
 
 @dataclasses.dataclass
@@ -48,7 +49,15 @@ class Config:
       them once: the same step as the whole batch's, up to summation order, with at most
       two micro-batches' activations alive (picasso_tf.runtime.micro_batches). Refused for
       models that normalise or reduce over the batch, and for losses that are not batch
-      means.
+      means. "auto": the fewest micro-batches whose activations fit
+      `micro_batch_memory_budget` (the paper's Eq. 2), from the activation bytes per
+      sample of the forward pass on the first batch of `warmup_data` (needed), for the
+      traced batch size or else the warm-up batch's; models that couple samples, or
+      whose loss is no batch mean, keep the batch whole. The report's k_interleave
+      entry says which K and why (picasso_tf.runtime.micro_batch_planner).
+    micro_batch_memory_budget: the bytes one micro-batch's activations may take under
+      micro_batches="auto"; None (the default): a quarter of the memory available when
+      the step is traced (two micro-batches may be alive at once).
     interleave_groups: K-interleaving: the fused lookups go into this many groups of
       about equal parameter volume (Eq. 3), each group's lookups waiting for the
       previous group's (picasso_tf.passes.interleaving). 1 (the default): no groups,
@@ -84,7 +93,8 @@ class Config:
     hybrid_hash: bool = False
     distribute: bool = True
     interleaving: bool = True
-    micro_batches: int = 1
+    micro_batches: Union[int, str] = 1
+    micro_batch_memory_budget: Optional[int] = None
     interleave_groups: int = 1
     fused_optimizer: bool = True
     apply_in_gradient: bool = True
@@ -93,8 +103,11 @@ class Config:
     check_numerics: bool = False
 
     def __post_init__(self):
-        if self.micro_batches < 1:
-            raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        if self.micro_batches != "auto" and not (isinstance(self.micro_batches, int) and self.micro_batches >= 1):
+            raise ValueError(f"micro_batches must be an int >= 1 or 'auto', got {self.micro_batches!r}")
+        if self.micro_batch_memory_budget is not None and self.micro_batch_memory_budget <= 0:
+            raise ValueError(f"micro_batch_memory_budget must be a number of bytes > 0, got "
+                             f"{self.micro_batch_memory_budget}")
         if self.interleave_groups < 1:
             raise ValueError(f"interleave_groups must be >= 1, got {self.interleave_groups}")
         if self.max_shards < 1:

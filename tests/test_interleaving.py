@@ -2,8 +2,9 @@
 (losses and weights, SGD / Adagrad / exact Adam, K dividing the batch or not, a batch
 smaller than K, recurrent and zoo models); micro-batch i+1 waits for micro-batch i's
 loss; batch normalisation, masked outputs and losses that are not batch means are
-refused with the reason. K-interleaving: Eq. 3's groups, chained by control
-dependencies as planned, training unchanged."""
+refused with the reason; "auto" picks K by Eq. 2 (hand-computed examples) and trains
+like the whole batch, or keeps a coupled batch whole. K-interleaving: Eq. 3's groups,
+chained by control dependencies as planned, training unchanged."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +12,7 @@ import tensorflow as tf
 import picasso_tf as picasso
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.passes.interleaving import interleaving_groups
+from picasso_tf.runtime.micro_batch_planner import eq2_micro_batch_size, micro_batch_count
 
 BATCH = 30
 FIELDS = [("u", 40, 8), ("i", 60, 8), ("c", 20, 16)]
@@ -163,3 +165,55 @@ def test_interleaving_groups_are_chained_and_training_is_unchanged():
         model.compile(optimizer="adagrad", loss="binary_crossentropy")
         losses[groups] = [model.train_on_batch(x, y) for x, y in data]
     np.testing.assert_array_equal(losses[2], losses[1])
+
+
+def test_eq_2_on_hand_computed_examples():
+    assert eq2_micro_batch_size([(1000, 10)]) == 100
+    assert eq2_micro_batch_size([(1000, 10), (600, 12)]) == 50        # the min over ops' bounds
+    assert eq2_micro_batch_size([(1000, 30)]) == 33                   # whole samples
+    assert eq2_micro_batch_size([(10, 30)]) == 0                      # one sample is over the bound
+    assert micro_batch_count(30, 10) == 3
+    assert micro_batch_count(30, 7) == 5                              # 5 x 6 <= 7, not a divisor
+    assert micro_batch_count(31, 10) == 4                             # 8, 8, 8, 7
+    assert micro_batch_count(30, 30) == micro_batch_count(30, 100) == 1
+    assert micro_batch_count(30, eq2_micro_batch_size([(10, 0)])) == 1
+    assert micro_batch_count(30, 0) == 30
+
+
+def _auto(budget, model=None, **options):
+    data = batches(4)
+    warmup = tf.data.Dataset.from_tensor_slices(data[0]).batch(BATCH)
+    return picasso.optimize(model or build(), micro_batches="auto", micro_batch_memory_budget=budget,
+                            warmup_data=warmup, **options), data
+
+
+def _auto_plan(model):
+    [report] = [p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_interleave"]
+    return report["micro_batches"]
+
+
+def test_auto_picks_k_by_eq_2_and_trains_like_the_whole_batch():
+    roomy, data = _auto(2**40)
+    roomy.compile(optimizer="adagrad", loss="binary_crossentropy")
+    roomy.train_on_batch(*data[0])
+    plan = _auto_plan(roomy)
+    assert plan["chosen"] == 1 and "stays whole" in plan["why"] and plan["per_sample_bytes"] > 0
+    # Room for 8 samples' activations: Eq. 2 gives micro-batches of 8, so 4 for the batch of 30.
+    tight, data = _auto(int(plan["per_sample_bytes"] * 8.5))
+    whole_losses, _, whole_weights = train(1, "adagrad", data)
+    tight.compile(optimizer="adagrad", loss="binary_crossentropy")
+    losses = [tight.train_on_batch(x, y) for x, y in data]
+    plan = _auto_plan(tight)
+    assert (plan["chosen"], plan["micro_batch_size"]) == (4, 8), plan
+    assert "Eq. 2" in plan["why"] and "4 of them" in tight.picasso.report()
+    np.testing.assert_allclose(losses, whole_losses, rtol=1e-5)
+    for a, b in zip([w.numpy() for w in tight.weights], whole_weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_keeps_a_coupled_batch_whole_with_the_reason():
+    model, data = _auto(1, build(batch_norm=True))
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    model.train_on_batch(*data[0])
+    plan = _auto_plan(model)
+    assert plan["chosen"] == 1 and "batch_normalization" in plan["why"], plan

@@ -21,18 +21,24 @@ REDUCTIONS = {"Mean", "Sum", "Max", "Min", "Prod"}
 def batch_coupling_ops(captured):
     """Names of the ops of a CapturedGraph's forward pass that couple a batch's samples."""
     nodes = {n.name: n for n in captured.graph_def.node}
+    from_inputs = batch_dependent_nodes(captured)
+    to_outputs = reachable_nodes(captured.graph_def, captured.output_tensors)
+    return sorted(name for name in from_inputs & to_outputs
+                  if nodes[name].op in NORMALISATIONS
+                  or (nodes[name].op in REDUCTIONS and _reduces_values(nodes[name])
+                      and 0 in _constant_axes(nodes, nodes[name])))
+
+
+def batch_dependent_nodes(captured):
+    """Names of the nodes a CapturedGraph's inputs reach by data edges: those whose
+    values are computed from the batch (its activations), the inputs included."""
     consumers = collections.defaultdict(list)
     for node in captured.graph_def.node:
         for inp in node.input:
             source, index = split_tensor_name(inp)
             if index >= 0:                          # data edges only
                 consumers[source].append(node.name)
-    from_inputs = _downstream([split_tensor_name(t)[0] for t in captured.input_tensors], consumers)
-    to_outputs = reachable_nodes(captured.graph_def, captured.output_tensors)
-    return sorted(name for name in from_inputs & to_outputs
-                  if nodes[name].op in NORMALISATIONS
-                  or (nodes[name].op in REDUCTIONS and _reduces_values(nodes[name])
-                      and 0 in _constant_axes(nodes, nodes[name])))
+    return _downstream([split_tensor_name(t)[0] for t in captured.input_tensors], consumers)
 
 
 def _reduces_values(reduction):

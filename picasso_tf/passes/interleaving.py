@@ -2,7 +2,8 @@
 
 D-interleaving (``micro_batches=K``) runs in the training step
 (picasso_tf.runtime.micro_batches); the graph is unchanged, and this pass refuses a
-model whose forward pass couples a batch's samples (graph/batch_coupling.py).
+model whose forward pass couples a batch's samples (graph/batch_coupling.py), or under
+``micro_batches="auto"`` records them, so that the step keeps such a batch whole.
 
 K-interleaving (``interleave_groups=N``) puts the graph's fused lookups, in graph
 order, into N interleaving groups of about Eq. 3's capacity, the total parameter
@@ -21,9 +22,11 @@ from picasso_tf.graph.batch_coupling import batch_coupling_ops
 
 def k_interleave(program, graph, config):
     report = {"micro_batches": config.micro_batches}
-    if config.micro_batches > 1:
+    if config.micro_batches != 1:
         coupled = batch_coupling_ops(program.graphs[graph])
-        if coupled:
+        if coupled and config.micro_batches == "auto":
+            report["batch_coupling"] = coupled      # "auto" keeps such a batch whole (runtime.micro_batch_planner)
+        elif coupled:
             raise UnsupportedModelError(
                 f"picasso_tf: micro_batches={config.micro_batches} runs the model on micro-batches, and "
                 f"{coupled[0]} ({len(coupled)} such op(s)) normalises or reduces over the batch: each micro-batch "

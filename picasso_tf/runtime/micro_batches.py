@@ -54,13 +54,21 @@ def split_batch(structure, k):
 def check_losses(compiled_loss, k):
     """Refuses losses that are not means over the batch (their micro-batch parts would
     not sum to the batch's)."""
+    refusal = loss_refusal(compiled_loss)
+    if refusal:
+        raise ValueError(
+            f"picasso_tf: micro_batches={k} splits the batch, and {refusal}, so its micro-batch parts would not "
+            "add up to the batch's loss. Use a mean reduction (Keras' default), or micro_batches=1.")
+
+
+def loss_refusal(compiled_loss):
+    """Why the compiled loss cannot be split into micro-batches, or None."""
     for loss in tf.nest.flatten(getattr(compiled_loss, "_losses", None) or []):
         reduction = getattr(loss, "reduction", "auto")
         if reduction not in MEAN_REDUCTIONS:
-            raise ValueError(
-                f"picasso_tf: micro_batches={k} splits the batch, and the loss {getattr(loss, 'name', loss)!r} "
-                f"has reduction={reduction!r}, not a mean over the batch, so its micro-batch parts would not "
-                "add up to the batch's loss. Use a mean reduction (Keras' default), or micro_batches=1.")
+            return (f"the loss {getattr(loss, 'name', loss)!r} has reduction={reduction!r}, not a mean over "
+                    "the batch")
+    return None
 
 
 def _batch_size(tensor):
