@@ -1,0 +1,145 @@
+"""HybridHash's cold tier: a hash table from int64 key to an embedding row and its
+optimizer slots (custom_ops/hybrid_hash_ops.cc, custom_ops/hash_table.h).
+
+Industrial ids are raw values from a space far larger than the rows that are ever
+used; a hash table keyed by the raw id holds a row only for the ids seen, with no
+collisions. A new key's row is drawn from the layer's initializer seeded by
+(seed, key), so a training run does not depend on the order in which keys arrive;
+its slots start at ``slot_init`` (Keras Adagrad's ``initial_accumulator_value``, 0
+for Adam's moments). Each key also keeps an access count and the step of its last
+access, for the hot tier and for eviction.
+
+The table is created eagerly (TF2) and its ops may run eagerly or inside
+``tf.function``s; ops on one table at the same time are race-free, and each op's
+result does not depend on the number of threads. Updates (``apply_*``) take unique
+keys that are already in the table: sum the gradients of repeated keys first
+(``tf.unique`` and ``tf.math.unsorted_segment_sum``).
+"""
+import collections
+import itertools
+import threading
+
+import tensorflow as tf
+
+from picasso_tf.ops.library import load
+
+for _op in ("PicassoHashTableCreate", "PicassoHashTableFindOrInsert", "PicassoHashTableLookup",
+            "PicassoHashTableApplySgd", "PicassoHashTableApplyAdagrad", "PicassoHashTableExport",
+            "PicassoHashTableImport", "PicassoHashTableSize"):
+    tf.no_gradient(_op)  # the table is updated by apply_*, not through the tape
+
+Exported = collections.namedtuple("Exported", ["keys", "values", "slots", "counts", "last_steps"])
+Exported.__doc__ = """A table's contents, keys in increasing order: values [n, dim], slots
+[num_slots, n, dim], counts and last_steps [n]."""
+
+_names = itertools.count()
+_names_lock = threading.Lock()
+
+# Keras initializer class name -> (the op's initializer, its two parameters).
+_INITIALIZERS = {
+    "Zeros": lambda c: ("zeros", 0.0, 0.0),
+    "Constant": lambda c: ("constant", float(c.get("value", 0.0)), 0.0),
+    "Ones": lambda c: ("constant", 1.0, 0.0),
+    "RandomUniform": lambda c: ("uniform", float(c["minval"]), float(c["maxval"])),
+    "RandomNormal": lambda c: ("normal", float(c["mean"]), float(c["stddev"])),
+    "TruncatedNormal": lambda c: ("truncated_normal", float(c["mean"]), float(c["stddev"])),
+}
+
+
+def _initializer_spec(initializer):
+    """(kind, a, b, seed or None) of a Keras initializer or its name: only the
+    distributions that do not depend on a table's shape, which a hash table has not."""
+    init = tf.keras.initializers.get(initializer)
+    name = type(init).__name__
+    if name not in _INITIALIZERS:
+        raise ValueError(
+            f"HashTable: initializer {initializer!r} ({name}) is not supported: a hash table has "
+            f"no fixed shape, so its rows can only follow a distribution that does not depend "
+            f"on one; use one of {sorted(_INITIALIZERS)}")
+    config = init.get_config()
+    kind, a, b = _INITIALIZERS[name](config)
+    return kind, a, b, config.get("seed")
+
+
+class HashTable:
+    """A resource handle to one table and the methods that use it.
+
+    dim: floats per row; num_slots: optimizer slot rows per key (1 for Adagrad);
+    initializer: a Keras initializer (or its name) for new rows, drawn per key;
+    seed: overrides the initializer's seed (0 when neither gives one);
+    slot_init: the value of every slot element of a new key;
+    num_partitions: a power of two, the most threads an op can use;
+    initial_capacity: keys held before the first growth (growth loses nothing).
+    """
+
+    def __init__(self, dim, num_slots=0, initializer="uniform", seed=None, slot_init=0.0,
+                 num_partitions=16, initial_capacity=1024, name=None):
+        kind, a, b, init_seed = _initializer_spec(initializer)
+        self.dim = int(dim)
+        self.num_slots = int(num_slots)
+        self.seed = int(seed if seed is not None else (init_seed if init_seed is not None else 0))
+        if name is None:
+            with _names_lock:
+                name = f"picasso_hash_table_{next(_names)}"
+        self.name = name
+        with tf.init_scope():  # a handle that outlives any tf.function being traced
+            self.handle = load().picasso_hash_table_create(
+                dim=self.dim, num_slots=self.num_slots, initializer=kind, init_a=a, init_b=b,
+                seed=self.seed, slot_init=float(slot_init), num_partitions=int(num_partitions),
+                initial_capacity=int(initial_capacity), shared_name=name)
+            self._eager = tf.executing_eagerly()
+
+    def __del__(self):
+        # Frees the rows when the last Python reference goes (tables are large).
+        try:
+            if self._eager:
+                tf.raw_ops.DestroyResourceOp(resource=self.handle, ignore_lookup_error=True)
+        except Exception:  # interpreter shutdown: nothing left to free
+            pass
+
+    def find_or_insert(self, keys, step=0):
+        """The rows of ``keys`` (any shape; rows: keys.shape + [dim]) for training:
+        missing keys are inserted, each occurrence counts an access at ``step``."""
+        return load().picasso_hash_table_find_or_insert(
+            self.handle, tf.cast(keys, tf.int64), tf.cast(step, tf.int64), dim=self.dim)
+
+    def lookup(self, keys):
+        """(rows, found) for serving and evaluation: nothing is inserted or counted;
+        a missing key's row is zeros and found False."""
+        return load().picasso_hash_table_lookup(self.handle, tf.cast(keys, tf.int64), dim=self.dim)
+
+    def apply_sgd(self, keys, grads, lr):
+        """``value -= lr * grad`` for unique ``keys`` [U] in the table, ``grads`` [U, dim]."""
+        return load().picasso_hash_table_apply_sgd(
+            self.handle, tf.cast(keys, tf.int64), tf.convert_to_tensor(grads, tf.float32),
+            tf.cast(lr, tf.float32))
+
+    def apply_adagrad(self, keys, grads, lr, epsilon=1e-7):
+        """Keras' Adagrad on unique ``keys``: ``acc += g*g; value -= lr*g/sqrt(acc + epsilon)``,
+        the accumulator being slot 0 (create the table with ``num_slots>=1`` and
+        ``slot_init`` = Keras' ``initial_accumulator_value``, 0.1)."""
+        return load().picasso_hash_table_apply_adagrad(
+            self.handle, tf.cast(keys, tf.int64), tf.convert_to_tensor(grads, tf.float32),
+            tf.cast(lr, tf.float32), tf.cast(epsilon, tf.float32))
+
+    def export(self):
+        """Everything in the table (``Exported``), keys sorted: what a checkpoint saves."""
+        return Exported(*load().picasso_hash_table_export(self.handle))
+
+    def import_(self, keys, values, slots, counts=None, last_steps=None):
+        """Replaces the contents (the inverse of ``export``); on an error (a repeated key,
+        shapes that do not fit this table) the table is left as it was."""
+        keys = tf.cast(keys, tf.int64)
+        n = tf.size(keys, out_type=tf.int64)
+        if counts is None:
+            counts = tf.zeros([n], tf.int64)
+        if last_steps is None:
+            last_steps = tf.zeros([n], tf.int64)
+        return load().picasso_hash_table_import(
+            self.handle, keys, tf.convert_to_tensor(values, tf.float32),
+            tf.convert_to_tensor(slots, tf.float32), tf.cast(counts, tf.int64),
+            tf.cast(last_steps, tf.int64))
+
+    def size(self):
+        """The number of keys."""
+        return load().picasso_hash_table_size(self.handle)
