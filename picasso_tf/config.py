@@ -5,7 +5,7 @@ Each rewrite pass can be switched off on its own, which is how the paper's ablat
 """
 import dataclasses
 import os
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 
 @dataclasses.dataclass
@@ -62,6 +62,13 @@ class Config:
       about equal parameter volume (Eq. 3), each group's lookups waiting for the
       previous group's (picasso_tf.passes.interleaving). 1 (the default): no groups,
       as they have not paid on a CPU.
+    interleave_excluded: the fused lookups kept out of the interleaving groups' chains
+      (the paper's excluded embeddings: no control dependencies either way). "auto" (the
+      default): those whose outputs are not concatenated with other feature embeddings
+      (a wide part summed on its own, weights of a co-action unit), whose downstream
+      ops need not wait for other groups; or a list of feature names, excluding the
+      fused lookups that read any of them; () chains every fused lookup. The report's
+      k_interleave entry lists them with the reason.
     fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels
       (when the user's optimizer is supported) instead of the Keras optimizer.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
@@ -96,6 +103,7 @@ class Config:
     micro_batches: Union[int, str] = 1
     micro_batch_memory_budget: Optional[int] = None
     interleave_groups: int = 1
+    interleave_excluded: Union[str, Tuple[str, ...]] = "auto"
     fused_optimizer: bool = True
     apply_in_gradient: bool = True
     lazy_optimizer: bool = False
@@ -110,6 +118,10 @@ class Config:
                              f"{self.micro_batch_memory_budget}")
         if self.interleave_groups < 1:
             raise ValueError(f"interleave_groups must be >= 1, got {self.interleave_groups}")
+        if self.interleave_excluded != "auto" and (isinstance(self.interleave_excluded, str) or not all(
+                isinstance(f, str) for f in self.interleave_excluded)):
+            raise ValueError(f"interleave_excluded must be 'auto' or a list of feature names, got "
+                             f"{self.interleave_excluded!r}")
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
         if not 0.0 <= self.projection_max_distinct <= 1.0:

@@ -18,7 +18,9 @@ BATCH = 30
 FIELDS = [("u", 40, 8), ("i", 60, 8), ("c", 20, 16)]
 
 
-def build(batch_norm=False):
+def build(batch_norm=False, bias=False):
+    """Three embeddings concatenated into an MLP; with `bias`, a per-user bias embedding
+    added to the logit, concatenated with nothing."""
     tf.keras.utils.set_random_seed(3)
     x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
     x["price"] = tf.keras.Input((1,), name="price")
@@ -28,7 +30,10 @@ def build(batch_norm=False):
     if batch_norm:
         h = tf.keras.layers.BatchNormalization()(h)
     h = tf.keras.layers.Dense(8, activation="relu")(h)
-    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+    if not bias:
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+    logit = tf.keras.layers.Add()([tf.keras.layers.Dense(1)(h), tf.keras.layers.Embedding(40, 1, name="bias_u")(x["u"])])
+    return tf.keras.Model(x, tf.keras.layers.Activation("sigmoid")(logit))
 
 
 def batches(steps, rows=BATCH, seed=0):
@@ -165,6 +170,52 @@ def test_interleaving_groups_are_chained_and_training_is_unchanged():
         model.compile(optimizer="adagrad", loss="binary_crossentropy")
         losses[groups] = [model.train_on_batch(x, y) for x, y in data]
     np.testing.assert_array_equal(losses[2], losses[1])
+
+
+def _interleave_report(model):
+    [report] = [p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_interleave"]
+    return report
+
+
+def _control_inputs(model):
+    """Per fused lookup node, the nodes it has control inputs on."""
+    nodes = {n.name: n for n in model.rewritten_forward().captured.graph_def.node}
+    return {r.node: {i[1:] for i in nodes[r.node].input if i.startswith("^")}
+            for r in model.picasso.program.lookups["training"]}
+
+
+def test_lookups_not_concatenated_with_other_embeddings_are_excluded_from_the_chains():
+    model = picasso.optimize(build(bias=True), interleave_groups=2, stitching=False)
+    report = _interleave_report(model)
+    [excluded] = report["excluded"]
+    assert excluded["features"] == ["u"] and "not concatenated" in excluded["why"]
+    controls = _control_inputs(model)
+    assert report["changed"]
+    assert not controls[excluded["node"]], "an excluded lookup waits for a group"
+    assert not any(excluded["node"] in c for c in controls.values()), "a group waits for an excluded lookup"
+    first, second = report["groups"]
+    assert excluded["node"] not in first + second
+    assert all(controls[n] == set(first) for n in second) and all(not controls[n] for n in first)
+    data = batches(3)
+    losses = []
+    for groups in (1, 2):
+        model = picasso.optimize(build(bias=True), interleave_groups=groups, stitching=False)
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for x, y in data])
+    np.testing.assert_array_equal(losses[1], losses[0])
+
+
+def test_a_preset_of_excluded_embeddings_replaces_the_rule():
+    model = picasso.optimize(build(bias=True), interleave_groups=2, stitching=False, interleave_excluded=["c"])
+    report = _interleave_report(model)
+    [excluded] = report["excluded"]
+    assert excluded["features"] == ["c"] and "interleave_excluded names ['c']" in excluded["why"]
+    controls = _control_inputs(model)
+    first, second = report["groups"]
+    assert not controls[excluded["node"]] and not any(excluded["node"] in c for c in controls.values())
+    assert all(controls[n] == set(first) for n in second)     # the bias lookup is chained now
+    with pytest.raises(ValueError, match="no fused lookup reads"):
+        picasso.optimize(build(), interleave_groups=2, stitching=False, interleave_excluded=["nope"])
 
 
 def test_eq_2_on_hand_computed_examples():
