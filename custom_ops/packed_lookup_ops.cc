@@ -353,9 +353,10 @@ class PackedLookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->input_list("tables", &tables));
     std::vector<const T*> values;
     std::vector<int64_t> dims;
-    OP_REQUIRES_OK(ctx, SiteTables<T>(kLookupOp, layout_, table_index_, tables, &values, &dims));
     std::vector<Site<T, Tid>> sites;
     OP_REQUIRES_OK(ctx, ReadSites(ctx, kLookupOp, layout_, &sites));
+    OP_REQUIRES_OK(ctx, SiteTables(kLookupOp, layout_, table_index_, tables, &sites, &values,
+                                   &dims));
     const int num_sites = layout_.size();
 
     OpOutputList outputs;
@@ -414,7 +415,7 @@ class StitchedLookupOp : public OpKernel {
     const int num_sites = layout_.size();
     std::vector<const T*> site_tables;
     std::vector<int64_t> dims;
-    OP_REQUIRES_OK(ctx, SiteTables(kStitchedOp, layout_, table_index_, tables, &site_tables,
+    OP_REQUIRES_OK(ctx, SiteTables(kStitchedOp, layout_, table_index_, tables, &sites, &site_tables,
                                    &dims));
     const int64_t rows = sites[0].out_rows() / stitch_.row_blocks[0];
     Tensor* output;

@@ -44,7 +44,8 @@ using shape_inference::ShapeHandle;
   .Attr("offsets: list(int)")                     \
       .Attr("vocab_sizes: list(int)")             \
       .Attr("combiners: list(string)")            \
-      .Attr("feature_names: list(string)")
+      .Attr("feature_names: list(string)")        \
+      .Attr("exchanged: bool = false")
 #define PICASSO_STITCH_ATTRS .Attr("columns: list(int)").Attr("row_blocks: list(int)")
 
 // Registers the CPU kernel (the rest of the arguments: a class that may hold commas)
@@ -81,6 +82,9 @@ struct PackedLayout {
   std::vector<int64_t> vocab_sizes;
   std::vector<std::string> names;
   std::vector<Combiner> combiners;  // only for the lookup ops
+  // The tables are the rows fetched for this batch (hybrid parallelism): a site's ids
+  // index those rows, fewer than its vocabulary, and are checked against them.
+  bool exchanged = false;
 
   Status Init(OpKernelConstruction* c, bool with_combiners) {
     int n;
@@ -88,6 +92,7 @@ struct PackedLayout {
     TF_RETURN_IF_ERROR(c->GetAttr("offsets", &offsets));
     TF_RETURN_IF_ERROR(c->GetAttr("vocab_sizes", &vocab_sizes));
     TF_RETURN_IF_ERROR(c->GetAttr("feature_names", &names));
+    if (c->HasAttr("exchanged")) TF_RETURN_IF_ERROR(c->GetAttr("exchanged", &exchanged));
     std::vector<std::string> combiner_names;
     if (with_combiners) {
       TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiner_names));
@@ -126,6 +131,7 @@ struct PackedLayout {
   // The layout of some of the sites, in the given order.
   PackedLayout Subset(const std::vector<int>& sites) const {
     PackedLayout sub;
+    sub.exchanged = exchanged;
     for (int i : sites) {
       sub.offsets.push_back(offsets[i]);
       sub.vocab_sizes.push_back(vocab_sizes[i]);
@@ -756,18 +762,23 @@ struct TableSites {
 };
 
 // Per site, its table's values and row width, after checking that the table is a
-// matrix holding the site's rows.
-template <typename T, typename Tables>
+// matrix holding the site's rows. Exchanged sites (PackedLayout::exchanged) index a
+// table of fetched rows: their ids are bounded by its rows instead.
+template <typename T, typename Tables, typename S>
 Status SiteTables(const char* op, const PackedLayout& layout,
                   const std::vector<int64_t>& table_index, const Tables& tables,
-                  std::vector<const T*>* values, std::vector<int64_t>* dims) {
+                  std::vector<S>* sites, std::vector<const T*>* values,
+                  std::vector<int64_t>* dims) {
   for (int i = 0; i < layout.size(); ++i) {
     const Tensor& table = tables[table_index[i]];
     if (!TensorShapeUtils::IsMatrix(table.shape())) {
       return errors::InvalidArgument(op, ": tables must be matrices; got ",
                                      table.shape().DebugString());
     }
-    if (layout.end_row(i) > table.dim_size(0)) {
+    if (layout.exchanged) {
+      (*sites)[i].vocab = std::min<int64_t>(
+          (*sites)[i].vocab, std::max<int64_t>(0, table.dim_size(0) - layout.offsets[i]));
+    } else if (layout.end_row(i) > table.dim_size(0)) {
       return errors::InvalidArgument(op, ": ", layout.Feature(i), " occupies rows [",
                                      layout.offsets[i], ", ", layout.end_row(i),
                                      ") of table ", table_index[i], " of the op, which has ",

@@ -617,7 +617,7 @@ class GroupedProjection {
     TF_RETURN_IF_ERROR(ReadSites(ctx, op, layout, &sites));
     std::vector<const T*> site_tables;
     std::vector<int64_t> dims;
-    TF_RETURN_IF_ERROR(SiteTables(op, layout, attrs.table_index, tables, &site_tables, &dims));
+    TF_RETURN_IF_ERROR(SiteTables(op, layout, attrs.table_index, tables, &sites, &site_tables, &dims));
     TF_RETURN_IF_ERROR(
         CheckProjection(op, layout, attrs.stitch, sites, dims, kernel, attrs.width, rows));
     rows_ = rows;
@@ -853,7 +853,7 @@ class StitchedProjectionOp : public OpKernel {
     }
     std::vector<const T*> site_tables;
     std::vector<int64_t> dims;
-    OP_REQUIRES_OK(ctx, SiteTables(kProjectionOp, layout, attrs_.table_index, tables,
+    OP_REQUIRES_OK(ctx, SiteTables(kProjectionOp, layout, attrs_.table_index, tables, &sites,
                                    &site_tables, &dims));
     OP_REQUIRES_OK(ctx, CheckProjection(kProjectionOp, layout, attrs_.stitch, sites, dims,
                                         kernel, attrs_.width, rows));

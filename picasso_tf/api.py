@@ -20,13 +20,17 @@ import tensorflow as tf
 
 from picasso_tf.compiler import compile_program
 from picasso_tf.config import Config
+from picasso_tf.distributed.exchange import RowExchange
+from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
+                                          take_same_number_of_batches)
+from picasso_tf.embedding.sharded import RowShardedTables
 from picasso_tf.embedding.storage import make_storage
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.export import export_saved_model
 from picasso_tf.graph.capture import check_has_call, input_signature
 from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
-from picasso_tf.runtime.micro_batches import check_losses, loss_refusal, run_micro_batches
+from picasso_tf.runtime.micro_batches import check_losses, embedding_cut, loss_refusal, run_micro_batches
 from picasso_tf.runtime.step import RewrittenForward, TrainingStep
 
 
@@ -68,16 +72,25 @@ class PicassoInfo:
         self.optimizer_note = None      # how the storage is updated, once training starts
         self.updated_in_gradient = []   # storage variables their gradient kernel updates (last trace)
         self.table_variables = []       # every embedding table the analysis recognised, storage ones too
+        self.world = World()            # the Horovod ranks it runs on (picasso_tf.distributed)
 
     @property
     def reports(self):
         return self.program.reports if self.program else {}
 
     def write_back(self):
-        """Makes the original model's tables hold the storage's rows (for serving/export);
-        tables read in place already do."""
+        """Makes the original model's tables (and the optimizer's slots of them) hold the
+        storage's rows, for checkpoints and export; tables read in place already do.
+        Under hybrid parallelism this gathers every rank's shards: call it (and save,
+        which calls it) on every rank."""
         for storage in self.storages.values():
             storage.write_back()
+
+    def read_back(self):
+        """Makes the storage hold the original model's tables again (after they were
+        restored or assigned); every rank calls it together."""
+        for storage in self.storages.values():
+            getattr(storage, "read_back", lambda: None)()
 
     def export(self, directory):
         """Writes a SavedModel of the original model with the trained weights, which
@@ -159,10 +172,19 @@ class PicassoModel(tf.keras.Model):
 
     # -- rewriting -------------------------------------------------------------------
     def _rewrite(self, specs):
+        world = self.picasso.world = current_world()
+        if world.distributed:
+            with tf.init_scope():
+                # Replicas start equal, and shards are cut from rank 0's tables.
+                broadcast_from_rank_zero(self.original.variables)
         program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
-        storages = {name: make_storage(program.layout(name)) for name in program.storage_refs()}
+        if world.distributed:
+            check_same_on_every_rank(program.fingerprint(), "rewritten graphs")
+        storages = {name: make_storage(program.layout(name), world) for name in program.storage_refs()}
         self.picasso.program, self.picasso.storages = program, storages
-        self._forward = {training: RewrittenForward(program.graphs[name], storages)
+        sharded = [storages[t.name] for t in program.tables or () if t.kind == RowShardedTables.kind]
+        exchange = RowExchange(sharded, world, self.picasso.config.check_ids) if sharded else None
+        self._forward = {training: RewrittenForward(program.graphs[name], storages, exchange)
                          for training, name in ((True, "training"), (False, "inference"))}
         analysis = program.analyses["training"]
         storage_tables = [v for s in storages.values() for v in s.variables()]
@@ -195,8 +217,10 @@ class PicassoModel(tf.keras.Model):
                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
         # The model's own list decides (a trainable=False layer keeps trainable variables).
         training = {v.ref() for v in self.original.trainable_variables}
-        trainable = [v for v in self._forward[True].variables if v.ref() in training]
-        return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read), note
+        shards = [v for s in storages if s.kind == RowShardedTables.kind and s.layout.trainable for v in s.variables()]
+        trainable = [v for v in self._forward[True].variables if v.ref() in training] + shards
+        return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read,
+                            world=self.picasso.world, sharded=shards), note
 
     def _ensure_rewritten(self, inputs):
         if self._forward is None:
@@ -238,12 +262,16 @@ class PicassoModel(tf.keras.Model):
         if k > 1:
             check_losses(self.compiled_loss, k)
 
-            def forward_and_loss(x, y, sample_weight):
-                y_pred = self(x, training=True)
+            def forward_and_loss(x, y, sample_weight, forward=None):
+                if forward is None:
+                    y_pred = self(x, training=True)
+                else:        # interleave_from="mlp": the dense part, on a micro-batch's embeddings
+                    y_pred, self._last_regularization = forward(x)
                 return y_pred, self.compute_loss(x, y, y_pred, sample_weight)
 
             y_pred = run_micro_batches(self._training_step(), self.optimizer, forward_and_loss,
-                                       (x, y, sample_weight), k)
+                                       (x, y, sample_weight), k,
+                                       embedding_cut(self._forward[True], self.picasso.program, self.picasso.config))
             return self.compute_metrics(x, y, y_pred, sample_weight)
         y_pred = self(x, training=True)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
@@ -275,3 +303,25 @@ class PicassoModel(tf.keras.Model):
     def save_weights(self, *args, **kwargs):
         self.picasso.write_back()
         return super().save_weights(*args, **kwargs)
+
+    def load_weights(self, *args, **kwargs):
+        status = super().load_weights(*args, **kwargs)
+        self.picasso.read_back()
+        return status
+
+    # Under hybrid parallelism every rank must run the same number of steps: a rank that
+    # stopped early would leave the others waiting in a collective.
+    def fit(self, x=None, *args, **kwargs):
+        return super().fit(self._same_length_on_every_rank(x), *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        return super().evaluate(self._same_length_on_every_rank(x), *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        return super().predict(self._same_length_on_every_rank(x), *args, **kwargs)
+
+    def _same_length_on_every_rank(self, x):
+        world = current_world()
+        if not world.distributed or not isinstance(x, tf.data.Dataset):
+            return x
+        return take_same_number_of_batches(x, world)

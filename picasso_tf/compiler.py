@@ -6,7 +6,10 @@ statistics the plan needs; the passes rewrite the graphs. The result is a Progra
 (picasso_tf.program): GraphDefs and records only. The Keras face (picasso_tf.api)
 builds the storage it names and runs it.
 """
+import zlib
+
 from picasso_tf.config import Config
+from picasso_tf.distributed.world import check_same_on_every_rank, current_world, mean_over_ranks
 from picasso_tf.graph.analysis import find_embedding_sites
 from picasso_tf.graph.capture import capture, input_signature
 from picasso_tf.passes.manager import run_passes
@@ -30,8 +33,21 @@ def compile_program(model, config=None, example_inputs=None, warmup_data=None, s
         statistics = Statistics(accesses, distinct, f"{config.warmup_batches} warm-up batches")
     else:
         statistics = Statistics(static_accesses(training, analysis), {}, "input shapes")
-    program = Program(graphs=graphs, analyses=analyses, statistics=statistics, frozen=frozen_variables(model))
+    program = Program(graphs=graphs, analyses=analyses, statistics=agreed_by_ranks(statistics),
+                      frozen=frozen_variables(model))
     return run_passes(program, config)
+
+
+def agreed_by_ranks(statistics):
+    """Under Horovod, the ranks' statistics averaged: each rank warms up on its own data,
+    and every rank must make the same plan (the same graphs, hence the same collectives)."""
+    if not current_world().distributed:
+        return statistics
+    accesses, distinct = sorted(statistics.accesses), sorted(statistics.distinct_ids)
+    check_same_on_every_rank(zlib.crc32(repr((accesses, distinct)).encode()), "warm-up statistics")
+    mean = mean_over_ranks([statistics.accesses[k] for k in accesses] + [statistics.distinct_ids[k] for k in distinct])
+    return Statistics(dict(zip(accesses, mean[:len(accesses)])), dict(zip(distinct, mean[len(accesses):])),
+                      f"{statistics.source}, averaged over {current_world().size} ranks")
 
 
 def frozen_variables(model):

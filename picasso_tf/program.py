@@ -5,7 +5,9 @@ TensorFlow state: the tables it names are created by the runtime's storage
 
   graphs      "training" and "inference": CapturedGraphs (GraphDef, inputs, outputs,
               captures). A placeholder captured as a StorageRef reads a table of a
-              group's storage; one captured as a tf.Variable reads the variable.
+              group's storage; one captured as a tf.Variable reads the variable;
+              under hybrid parallelism, FetchedRows and ExchangedIds placeholders
+              take the rows and ids of the step's exchange.
   analyses    per graph, its embedding sites as captured (once K-packing has run, a
               graph's fused lookups are described by `lookups`, not by sites)
   statistics  ids per example and distinct-id shares (warm-up data or input shapes)
@@ -17,6 +19,7 @@ TensorFlow state: the tables it names are created by the runtime's storage
   reports     per graph, the analysis and what each pass did
 """
 import dataclasses
+import zlib
 from typing import Dict, FrozenSet, List, Optional
 
 import tensorflow as tf
@@ -47,7 +50,7 @@ class TableLayout:
     members: List[TableMember]
     densely_read: bool = False    # some member table is also read whole: its gradient is dense
     trainable: bool = True        # False: frozen tables, packed apart, never updated
-    kind: str = "tables"          # the storage kind (picasso_tf.embedding.storage.STORAGE_KINDS)
+    kind: str = "tables"          # the storage kind (picasso_tf.embedding.storage.make_storage)
 
     @property
     def num_rows(self):
@@ -74,6 +77,25 @@ class StorageRef:
     kernels for its member table number `member`."""
     group: str
     member: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchedRows:
+    """A captured placeholder's value under hybrid parallelism: the rows of table group
+    `group` that this step's batch looks up, fetched from the ranks holding them
+    (picasso_tf.distributed.exchange); ExchangedIds index them."""
+    group: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ExchangedIds:
+    """A captured placeholder's value under hybrid parallelism: the ids that tensor
+    `ids` of the graph looks up in member table `member` of group `group`, as
+    positions in that group's FetchedRows."""
+    group: str
+    member: int
+    ids: str            # the tensor of the graph holding the original ids
+    feature: str        # for errors: the feature they belong to
 
 
 @dataclasses.dataclass
@@ -117,7 +139,15 @@ class Program:
     def storage_refs(self):
         """The table groups some graph reads (each needs a storage)."""
         return sorted({v.group for g in self.graphs.values() for v in g.captures.values()
-                       if isinstance(v, StorageRef)})
+                       if isinstance(v, (StorageRef, FetchedRows))})
+
+    def fingerprint(self):
+        """A checksum of the rewritten graphs and table layouts (ranks compare theirs)."""
+        digest = 0
+        for name in sorted(self.graphs):
+            digest = zlib.crc32(self.graphs[name].graph_def.SerializeToString(deterministic=True), digest)
+        layouts = [(t.name, t.kind, [m.name for m in t.members]) for t in self.tables or ()]
+        return zlib.crc32(repr(layouts).encode(), digest)
 
     def describe_tables(self):
         return [t.describe() for t in self.tables or ()]

@@ -14,14 +14,15 @@ Everything else about a group's state goes through this interface:
                    kernel may instead apply it in place, to ``variables``
   write_back       make the original model's variables hold the rows (for export)
 
-Kinds plug in by ``STORAGE_KINDS``. "tables" is the first: the group's original
+Kinds plug in at ``make_storage``. "tables" is the first: the group's original
 tables read in place, with the Keras optimizer's own slot variables, so a wrapped
-model holds every row once and checkpoints exactly as the plain model does. A
-hash-backed kind (HybridHash: a hot tier plus a DRAM hash map) hands the kernels its
-hot tier and remaps ids; a row-sharded kind (Horovod model parallelism) holds this
-rank's rows. Kinds whose state is not the original variables stand in for them in
-checkpoints at the original table's path (the variable's own checkpoint key), so a
-checkpoint stays the plain model's. The passes choose a layout's kind
+model holds every row once and checkpoints exactly as the plain model does.
+"sharded" (picasso_tf.embedding.sharded, hybrid parallelism) holds this rank's rows
+and serves the other ranks' lookups through the step's exchange. A hash-backed kind
+(HybridHash: a hot tier plus a DRAM hash map) will hand the kernels its hot tier and
+remap ids. Kinds whose state is not the original variables keep the checkpoint the
+plain model's through the original variables (the sharded kind writes its rows back
+into them before a save and reads them back after a restore). The passes choose a layout's kind
 (``TableLayout.kind``); they never create its state.
 """
 from picasso_tf.ops import sparse_apply
@@ -76,12 +77,12 @@ class TablesInPlace(EmbeddingStorage):
         pass   # the original variables are the state
 
 
-STORAGE_KINDS = {TablesInPlace.kind: TablesInPlace}
-
-
-def make_storage(layout):
-    """The storage of a TableLayout, of the kind the passes chose."""
-    if layout.kind not in STORAGE_KINDS:
-        raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; "
-                         f"the kinds are {sorted(STORAGE_KINDS)}")
-    return STORAGE_KINDS[layout.kind](layout)
+def make_storage(layout, world):
+    """The storage of a TableLayout, of the kind the passes chose, for this rank of `world`."""
+    from picasso_tf.embedding.sharded import RowShardedTables   # it builds on this module
+    if layout.kind == TablesInPlace.kind:
+        return TablesInPlace(layout)
+    if layout.kind == RowShardedTables.kind:
+        return RowShardedTables(layout, world)
+    raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; "
+                     f"the kinds are {[TablesInPlace.kind, RowShardedTables.kind]}")

@@ -137,3 +137,18 @@ def unique_name(graph_def_or_names, base):
     while f"{base}_{i}" in names:
         i += 1
     return f"{base}_{i}"
+
+
+def split_off(graph_def, tensors):
+    """(the part of graph_def computing `tensors`, the outputs of its nodes other than
+    placeholders that the rest of graph_def consumes): running that part first and
+    feeding these outputs to the whole graph computes it only once."""
+    needed = reachable_nodes(graph_def, tensors)
+    part = graph_pb2.GraphDef()
+    part.versions.CopyFrom(graph_def.versions)
+    part.library.CopyFrom(graph_def.library)
+    part.node.extend(n for n in graph_def.node if n.name in needed)
+    computed = {n.name for n in part.node if n.op != "Placeholder"}
+    consumed = sorted({canonical(i) for n in graph_def.node for i in n.input
+                       if split_tensor_name(i)[1] >= 0 and split_tensor_name(i)[0] in computed} - set(tensors))
+    return drop_stale_colocations(part), consumed

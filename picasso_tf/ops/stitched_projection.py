@@ -62,7 +62,7 @@ def _stitched_projection_gradient(op, grad):
                   weights=per_site[2 * n:3 * n], num_segments=per_site[3 * n:],
                   width=op.get_attr("width"), table_index=op.get_attr("table_index"),
                   columns=op.get_attr("columns"), row_blocks=op.get_attr("row_blocks"),
-                  **lookup_attrs(op))
+                  exchanged=op.get_attr("exchanged"), **lookup_attrs(op))
     no_site_grads = [None] * (4 * n)
     planned = planned_updates(tables)
     if planned:

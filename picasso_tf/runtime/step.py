@@ -24,27 +24,39 @@ from typing import List
 
 import tensorflow as tf
 
+from picasso_tf.distributed.world import World, hvd
+from picasso_tf.graph.graph_def_util import split_off
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
 from picasso_tf.ops.in_gradient import update_tables_in_gradient
-from picasso_tf.program import StorageRef
+from picasso_tf.program import ExchangedIds, FetchedRows, StorageRef
 from picasso_tf.runtime.fused_update import InGradientUpdates
 
 
 class RewrittenForward:
     """Calls a rewritten CapturedGraph on a batch of features; `storages` (group name
-    -> EmbeddingStorage) feed its StorageRef placeholders."""
+    -> EmbeddingStorage) feed its StorageRef placeholders. Under hybrid parallelism
+    `exchange` (picasso_tf.distributed.exchange.RowExchange) feeds its FetchedRows and
+    ExchangedIds placeholders: the graph's ids are computed first, the rows fetched,
+    and then the rest of the graph runs."""
 
-    def __init__(self, captured, storages):
+    def __init__(self, captured, storages, exchange=None):
         self.captured = captured
         self.captures = {name: storages[v.group].kernel_inputs()[v.member] if isinstance(v, StorageRef) else v
-                         for name, v in captured.captures.items()}
+                         for name, v in captured.captures.items()
+                         if not isinstance(v, (FetchedRows, ExchangedIds))}
+        self.requests = {name: v for name, v in captured.captures.items() if isinstance(v, ExchangedIds)}
+        self.fetched = {name: v for name, v in captured.captures.items() if isinstance(v, FetchedRows)}
+        self.exchange = exchange if self.requests else None
 
     def __call__(self, inputs):
         c = self.captured
         outs, masks, logits = c.output_tensors, c.mask_tensors, c.logit_tensors
         names = outs + masks + logits + ([c.regularization_loss] if c.regularization_loss else [])
-        tensors = import_forward(c.graph_def, c.input_tensors, conform_inputs(c.input_specs, inputs),
-                                 self.captures, names)
+        inputs = conform_inputs(c.input_specs, inputs)
+        captures = dict(self.captures)
+        if self.exchange is not None:
+            captures.update(self._exchanged(inputs))
+        tensors = import_forward(c.graph_def, c.input_tensors, inputs, captures, names)
         flat_outputs = tensors[:len(outs)]
         mask_values = iter(tensors[len(outs):len(outs) + len(masks)])
         logit_values = iter(tensors[len(outs) + len(masks):len(outs) + len(masks) + len(logits)])
@@ -57,9 +69,28 @@ class RewrittenForward:
         reg = tensors[-1] if c.regularization_loss else None
         return outputs, reg
 
+    def _exchanged(self, inputs):
+        """What the exchange placeholders take: the part of the graph computing the ids
+        runs first (its results then feed the whole graph's copy of it), the rows are
+        fetched, and each site's ids become positions in its group's rows."""
+        c = self.captured
+        ids = sorted({v.ids for v in self.requests.values()})
+        prefix, consumed = split_off(c.graph_def, ids)
+        present = {n.name for n in prefix.node}
+        fed = [(t, x) for t, x in zip(c.input_tensors, inputs) if t.split(":")[0] in present]
+        captures = {k: v for k, v in self.captures.items() if k.split(":")[0] in present}
+        values = import_forward(prefix, [t for t, _ in fed], [x for _, x in fed], captures, ids + consumed,
+                                name="picasso_ids")
+        by_name = dict(zip(ids + consumed, values))
+        names = list(self.requests)
+        rows, positions = self.exchange.fetch([(self.requests[n], by_name[self.requests[n].ids]) for n in names])
+        return {**{t: by_name[t] for t in consumed}, **dict(zip(names, positions)),
+                **{name: rows[v.group] for name, v in self.fetched.items()}}
+
     @property
     def variables(self):
-        return [v for v in self.captures.values() if isinstance(v, tf.Variable)]
+        captured = [v for v in self.captures.values() if isinstance(v, tf.Variable)]
+        return captured + ([v for s in self.exchange.storages for v in s.variables()] if self.exchange else [])
 
 
 @dataclasses.dataclass
@@ -80,14 +111,17 @@ class TrainingStep:
     those in densely_read (the model reads them whole, so their gradient is dense in the
     original model too); fused: the FusedTableUpdate of the storages, or None."""
 
-    def __init__(self, trainable, table_variables, fused=None, densely_read=()):
+    def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=()):
         self.trainable = list(trainable)
         self.tables = {v.ref() for v in table_variables} - {v.ref() for v in densely_read}
         self.fused = fused
+        self.world = world
+        self.sharded = {v.ref() for v in sharded}   # shard variables: their gradients reach their owner
 
     def run(self, optimizer, loss):
         """Adds the step's updates; returns the tables updated inside their gradient kernels."""
-        one_stage = self.fused is not None and self.fused.in_gradient
+        # Across ranks, a gradient must be summed before it is applied.
+        one_stage = self.fused is not None and self.fused.in_gradient and not self.world.distributed
         gradients = self.backward(loss, optimizer.iterations, fuse_apply=one_stage)
         gradients = self.exchange(self.accumulate([gradients]))
         self.apply(optimizer, gradients)
@@ -120,7 +154,23 @@ class TrainingStep:
                          update_ops=[op for g in micro_batches for op in g.update_ops])
 
     def exchange(self, gradients):
-        return gradients                 # one process: the distribute pass refuses more
+        """Across ranks: a shard's row gradients, which the exchange's reverse AllToAllv
+        already summed on their owner, become the mean over the ranks' batches; every
+        other gradient is averaged over the ranks in one grouped Allreduce (dense: a
+        replicated table's IndexedSlices become its dense gradient, never an allgather)."""
+        if not self.world.distributed:
+            return gradients
+        scale = 1.0 / self.world.size
+        tables = [(tf.IndexedSlices(g.values * scale, g.indices, g.dense_shape), v)
+                  for g, v in gradients.tables if v.ref() in self.sharded]
+        summed = [(g, v) for g, v in gradients.tables + gradients.dense if v.ref() not in self.sharded]
+        if summed:
+            averaged = hvd().grouped_allreduce([tf.convert_to_tensor(g) for g, _ in summed], op=hvd().Average,
+                                               name="picasso_dense_gradients")
+            summed = [(g, v) for g, (_, v) in zip(averaged, summed)]
+        fused = self.fused.handles if self.fused is not None else (lambda var: False)
+        return dataclasses.replace(gradients, tables=tables + [(g, v) for g, v in summed if fused(v)],
+                                   dense=[(g, v) for g, v in summed if not fused(v)])
 
     def apply(self, optimizer, gradients):
         if self.fused is None:

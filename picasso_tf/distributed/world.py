@@ -1,0 +1,92 @@
+"""The Horovod process group picasso_tf runs in, and what its ranks must agree on.
+
+Every rank must build the same graphs (their collectives are matched by name) and run
+the same number of steps (a rank that stops early leaves the others waiting in an
+AllToAllv). One process, or Horovod not initialised, is a world of one: nothing here
+then calls Horovod.
+"""
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+
+class RanksDisagreeError(RuntimeError):
+    """The ranks built different plans: their collectives would never match."""
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    size: int = 1
+    rank: int = 0
+
+    @property
+    def distributed(self):
+        return self.size > 1
+
+
+def current_world():
+    """The Horovod world when horovod.tensorflow is initialised, else a world of one."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return World()
+    try:
+        return World(hvd.size(), hvd.rank()) if hvd.is_initialized() else World()
+    except ValueError:          # built without TensorFlow support
+        return World()
+
+
+def hvd():
+    import horovod.tensorflow as horovod
+    return horovod
+
+
+def mean_over_ranks(values):
+    """The element-wise mean of a float vector over the ranks (eagerly)."""
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+        return values
+    return hvd().allreduce(tf.constant(values), op=hvd().Average, name="picasso_agree_mean").numpy()
+
+
+def min_over_ranks(value, name):
+    """The smallest of an integer over the ranks (eagerly)."""
+    return int(hvd().allreduce(tf.constant([int(value)], tf.int64), op=hvd().Min, name=name).numpy()[0])
+
+
+def check_same_on_every_rank(fingerprint, what):
+    """Raises RanksDisagreeError unless the integer `fingerprint` is equal on every rank."""
+    lo = min_over_ranks(fingerprint, "picasso_agree_min")
+    hi = -min_over_ranks(-fingerprint, "picasso_agree_max")
+    if lo != hi:
+        raise RanksDisagreeError(
+            f"picasso_tf: the ranks built different {what} (fingerprints {lo} to {hi}); run the same "
+            "model and options on every rank, with warm-up data of the same structure")
+
+
+def broadcast_from_rank_zero(variables):
+    """Every rank starts from rank 0's values (the dense part is replicated, and the
+    tables are cut into shards from them)."""
+    if variables:
+        hvd().broadcast_variables(list(variables), root_rank=0)
+
+
+def take_same_number_of_batches(dataset, world):
+    """`dataset` cut to the number of batches of the rank with the fewest (counted by
+    reading it once where its cardinality is unknown), so that all ranks stop together."""
+    count = int(dataset.cardinality())
+    if count == tf.data.UNKNOWN_CARDINALITY:
+        count = int(dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+    if count == tf.data.INFINITE_CARDINALITY:
+        count = _UNBOUNDED
+    fewest = min_over_ranks(count, "picasso_agree_batches")
+    if fewest == _UNBOUNDED:
+        return dataset          # endless on every rank: steps_per_epoch ends each epoch
+    if fewest < count:
+        tf.get_logger().warning(f"picasso_tf: rank {world.rank} has {count} batches and another rank {fewest}: "
+                                f"every rank runs {fewest}, so the last {count - fewest} of this rank's are skipped")
+    return dataset.take(fewest)
+
+
+_UNBOUNDED = 1 << 62

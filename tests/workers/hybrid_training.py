@@ -1,0 +1,116 @@
+"""Trains a small wide-and-deep model with picasso_tf, under `horovodrun -np N --gloo`
+or as one process (no Horovod), for tests/test_horovod.py.
+
+    hybrid_training.py OUT_DIR OPTIMIZER [--batches-rank1 K] [--restore DIR] [--save DIR]
+
+Every rank reads the same global batches of 64 samples and keeps its contiguous share,
+so N ranks train on the samples one process trains on. Rank 0 writes
+OUT_DIR/weights.npz (the plain model's weights after write_back) and OUT_DIR/run.json
+(the collectives in one training step's graph, batches run per rank).
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import picasso_tf
+
+try:
+    import horovod.tensorflow as hvd
+    if os.environ.get("HOROVOD_RANK") is not None:
+        hvd.init()
+except ImportError:
+    hvd = None
+
+GLOBAL_BATCH, STEPS = 64, 20
+
+
+def world():
+    return (hvd.size(), hvd.rank()) if hvd is not None and hvd.is_initialized() else (1, 0)
+
+
+def build():
+    tf.keras.utils.set_random_seed(7)
+    ins = {name: tf.keras.Input((1,), dtype=tf.int64, name=name) for name in ("user", "item", "city", "flag")}
+    ins["history"] = tf.keras.Input((5,), dtype=tf.int64, name="history")
+    ins["numeric"] = tf.keras.Input((3,), name="numeric")
+    flat = tf.keras.layers.Flatten()
+    parts = [flat(tf.keras.layers.Embedding(1000, 8, name="user_emb")(ins["user"])),
+             flat(tf.keras.layers.Embedding(700, 8, name="item_emb")(ins["item"])),
+             flat(tf.keras.layers.Embedding(3, 8, name="city_emb")(ins["city"])),      # 3 rows
+             flat(tf.keras.layers.Embedding(1, 4, name="flag_emb")(ins["flag"])),      # fewer rows than ranks
+             tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(500, 4, name="hist_emb")(ins["history"])),
+             ins["numeric"]]
+    x = tf.keras.layers.Concatenate()(parts)
+    x = tf.keras.layers.Dense(16, activation="relu")(x)
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(x)
+    return tf.keras.Model(ins, out)
+
+
+def data(batches):
+    rng = np.random.default_rng(3)
+    n = GLOBAL_BATCH * batches
+    zipf = lambda vocab, shape: np.minimum(rng.zipf(1.3, shape) - 1, vocab - 1).astype(np.int64)
+    features = {"user": zipf(1000, (n, 1)), "item": zipf(700, (n, 1)), "city": rng.integers(0, 3, (n, 1)),
+                "flag": np.zeros((n, 1), np.int64), "history": zipf(500, (n, 5)),
+                "numeric": rng.normal(size=(n, 3)).astype(np.float32)}
+    labels = (rng.random((n, 1)) < 0.3).astype(np.float32)
+    return features, labels
+
+
+def rank_share(features, labels, batches, size, rank):
+    """This rank's contiguous share of every global batch."""
+    per = GLOBAL_BATCH // size
+    take = np.concatenate([np.arange(b * GLOBAL_BATCH + rank * per, b * GLOBAL_BATCH + (rank + 1) * per)
+                           for b in range(batches)])
+    ds = tf.data.Dataset.from_tensor_slices(({k: v[take] for k, v in features.items()}, labels[take]))
+    return ds.batch(per)
+
+
+OPTIMIZERS = {"sgd": lambda: tf.keras.optimizers.SGD(0.5), "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3),
+              "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+
+
+def collectives(model, dataset):
+    graph = tf.function(model.train_step).get_concrete_function(next(iter(dataset))).graph
+    ops = [op.type for op in graph.get_operations()]
+    for f in graph._functions.values():
+        ops += [n.op for n in f.definition.node_def]
+    return {t: ops.count(t) for t in sorted(set(ops)) if t.startswith("Horovod")}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("optimizer")
+    parser.add_argument("--batches-rank1", type=int, default=STEPS)
+    parser.add_argument("--restore")
+    parser.add_argument("--save")
+    args = parser.parse_args()
+    size, rank = world()
+    features, labels = data(STEPS)
+    batches = args.batches_rank1 if rank == 1 else STEPS
+    dataset = rank_share(features, labels, batches, size, rank)
+    model = picasso_tf.optimize(build())
+    model.compile(OPTIMIZERS[args.optimizer](), "binary_crossentropy")
+    if args.restore:
+        model.load_weights(os.path.join(args.restore, "ckpt"))
+    history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+    counts = collectives(model, dataset)
+    if args.save:
+        model.save_weights(os.path.join(args.save, "ckpt"))
+    else:
+        model.picasso.write_back()
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        np.savez(os.path.join(args.out, "weights.npz"), *model.original.get_weights())
+        report = model.picasso.reports["training"]["passes"]
+        with open(os.path.join(args.out, "run.json"), "w") as f:
+            json.dump({"size": size, "collectives": counts, "losses": history.history["loss"],
+                       "distribute": next(p for p in report if p["pass"] == "distribute")}, f, default=str)
+
+
+if __name__ == "__main__":
+    main()
