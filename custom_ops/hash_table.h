@@ -152,6 +152,23 @@ struct Error {
 // touch disjoint data. A null ParallelFor runs them in order on the calling thread.
 using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t)>& fn)>;
 
+// The optimizers' per-row math (see Table::ApplySgd); kD = d, or 0 for a run-time d.
+template <int64_t kD>
+inline void SgdRow(float* __restrict var, const float* __restrict g, float neg_lr, int64_t d) {
+  const int64_t n = kD ? kD : d;
+  for (int64_t j = 0; j < n; ++j) var[j] += neg_lr * g[j];
+}
+
+template <int64_t kD>
+inline void AdagradRow(float* __restrict var, float* __restrict acc, const float* __restrict g,
+                       float neg_lr, float epsilon, int64_t d) {
+  const int64_t n = kD ? kD : d;
+  for (int64_t j = 0; j < n; ++j) {
+    acc[j] += g[j] * g[j];
+    var[j] += neg_lr * g[j] / std::sqrt(acc[j] + epsilon);
+  }
+}
+
 class Table {
  public:
   explicit Table(const Config& config) : config_(config) {
@@ -193,6 +210,20 @@ class Table {
       header->count += 1;
       header->last_step = step;
       std::memcpy(rows + i * dim, Values(row), dim * sizeof(float));
+    });
+  }
+
+  // As FindOrInsert, but rows[i] is keys[i]'s row itself (header, value, slots; its
+  // address is stable until the next Import), for kernels that read or update rows in
+  // place.
+  void FindOrInsertRows(const int64_t* keys, int64_t n, int64_t step, char** rows,
+                        const ParallelFor* pf) {
+    ByPartition(keys, n, pf, [&](Partition& part, int64_t i, int64_t key, uint64_t h) {
+      char* row = part.FindOrInsert(key, h, *this);
+      RowHeader* header = Header(row);
+      header->count += 1;
+      header->last_step = step;
+      rows[i] = row;
     });
   }
 
@@ -465,22 +496,6 @@ class Table {
       const int64_t key = keys[i];
       const uint64_t h = KeyHash(key);
       fn(partitions_[PartitionOf(h)], i, key, h);
-    }
-  }
-
-  template <int64_t kD>
-  static void SgdRow(float* __restrict var, const float* __restrict g, float neg_lr, int64_t d) {
-    const int64_t n = kD ? kD : d;
-    for (int64_t j = 0; j < n; ++j) var[j] += neg_lr * g[j];
-  }
-
-  template <int64_t kD>
-  static void AdagradRow(float* __restrict var, float* __restrict acc, const float* __restrict g,
-                         float neg_lr, float epsilon, int64_t d) {
-    const int64_t n = kD ? kD : d;
-    for (int64_t j = 0; j < n; ++j) {
-      acc[j] += g[j] * g[j];
-      var[j] += neg_lr * g[j] / std::sqrt(acc[j] + epsilon);
     }
   }
 
