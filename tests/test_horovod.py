@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 hvd = pytest.importorskip("horovod.tensorflow", reason="horovod is built by scripts/setup_env.sh")
@@ -34,3 +35,71 @@ def test_horovod_is_built_with_tensorflow_and_gloo():
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=120).stdout
     assert "[X] TensorFlow" in out and "[X] Gloo" in out, out
+
+
+def horovodrun_worker(args, np_, timeout=400):
+    """Runs tests/workers/hybrid_training.py on np_ Gloo ranks (np_=1: one plain process)."""
+    script = [sys.executable, os.path.join(WORKERS, "hybrid_training.py")] + [str(a) for a in args]
+    if np_ > 1:
+        script = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(np_),
+                  "-H", f"localhost:{np_}", "--gloo"] + script
+    return subprocess.run(script, capture_output=True, text=True, timeout=timeout)
+
+
+def _ran(done):
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The worker's model trained 20 steps by one process (batch 64) and by 2 ranks
+    (32 each), each saving a checkpoint."""
+    root = tmp_path_factory.mktemp("hybrid")
+    for np_ in (1, 2):
+        _ran(horovodrun_worker([root / f"out{np_}", "--save", root / f"ckpt{np_}"], np_))
+    return root
+
+
+def _arrays(path):
+    with np.load(path) as f:
+        return [f[k] for k in f.files]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_two_ranks_train_like_one_rank_with_the_whole_batch(trained, optimizer):
+    one, two = _arrays(trained / "out1" / f"{optimizer}.npz"), _arrays(trained / "out2" / f"{optimizer}.npz")
+    run = json.load(open(trained / "out2" / f"{optimizer}.json"))
+    assert run["size"] == 2 and run["steps"] == 20
+    assert run["distribute"]["sharded"] == ["packed_float32_d4", "packed_float32_d8"]
+    assert len(one) == len(two)
+    for a, b in zip(one, two):
+        # Tables (2-D, embedding-shaped) are equal up to summation order; dense weights within 1e-6.
+        scale = max(float(np.abs(a).max()), 1e-3)
+        assert float(np.abs(a - b).max()) <= 1e-6 * max(scale, 1.0), (a.shape, float(np.abs(a - b).max()))
+
+
+def test_one_alltoallv_each_way_and_one_allreduce_per_step(trained):
+    """Five tables in two groups: ids out, rows back, row gradients back (the rows'
+    AllToAllv reversed), and every dense gradient in one grouped Allreduce."""
+    run = json.load(open(trained / "out2" / "sgd.json"))
+    assert run["collectives"] == {"HorovodAlltoall": 3, "HorovodGroupedAllreduce": 1}
+
+
+def test_ranks_with_uneven_data_finish_together(tmp_path):
+    done = horovodrun_worker([tmp_path, "--optimizers", "sgd", "--batches-rank1", 13], 2, timeout=300)
+    _ran(done)
+    assert json.load(open(tmp_path / "sgd.json"))["steps"] == 13       # rank 0 had 20 batches
+
+
+@pytest.mark.parametrize("saved_by,restored_by", [(2, 1), (1, 2), (2, 3)])
+def test_checkpoints_restore_on_another_number_of_ranks(trained, tmp_path, saved_by, restored_by):
+    done = horovodrun_worker([tmp_path, "--optimizers", "adam", "--no-train", "--restore", trained / f"ckpt{saved_by}"],
+                             restored_by)
+    _ran(done)
+    saved, restored = _arrays(trained / f"out{saved_by}" / "adam.npz"), _arrays(tmp_path / "adam.npz")
+    assert len(saved) == len(restored)      # weights and Adam's m and v of every table and kernel
+    for a, b in zip(saved, restored):
+        np.testing.assert_array_equal(a, b)

@@ -1,12 +1,14 @@
 """Trains a small wide-and-deep model with picasso_tf, under `horovodrun -np N --gloo`
 or as one process (no Horovod), for tests/test_horovod.py.
 
-    hybrid_training.py OUT_DIR OPTIMIZER [--batches-rank1 K] [--restore DIR] [--save DIR]
+    hybrid_training.py OUT_DIR [--optimizers sgd,adagrad,adam] [--batches-rank1 K]
+                               [--restore DIR] [--save DIR] [--no-train]
 
 Every rank reads the same global batches of 64 samples and keeps its contiguous share,
-so N ranks train on the samples one process trains on. Rank 0 writes
-OUT_DIR/weights.npz (the plain model's weights after write_back) and OUT_DIR/run.json
-(the collectives in one training step's graph, batches run per rank).
+so N ranks train on the samples one process trains on. Per optimizer, rank 0 writes
+OUT_DIR/OPT.npz (the plain model's weights and the optimizer's table-shaped slots,
+after write_back) and OUT_DIR/OPT.json (the collectives in one training step's graph,
+the steps run).
 """
 import argparse
 import json
@@ -81,35 +83,47 @@ def collectives(model, dataset):
     return {t: ops.count(t) for t in sorted(set(ops)) if t.startswith("Horovod")}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("optimizer")
-    parser.add_argument("--batches-rank1", type=int, default=STEPS)
-    parser.add_argument("--restore")
-    parser.add_argument("--save")
-    args = parser.parse_args()
-    size, rank = world()
+def run(args, optimizer, size, rank):
+    """Trains (or only restores) one model; rank 0 writes its weights and what it ran."""
     features, labels = data(STEPS)
     batches = args.batches_rank1 if rank == 1 else STEPS
     dataset = rank_share(features, labels, batches, size, rank)
     model = picasso_tf.optimize(build())
-    model.compile(OPTIMIZERS[args.optimizer](), "binary_crossentropy")
+    model.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     if args.restore:
-        model.load_weights(os.path.join(args.restore, "ckpt"))
-    history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
-    counts = collectives(model, dataset)
+        model.load_weights(os.path.join(args.restore, optimizer, "ckpt"))
+    counts = {}
+    if not args.train:
+        model.optimizer.build(model.original.trainable_variables)    # its slots restore too
+    if args.train:
+        model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+        counts = collectives(model, dataset)
     if args.save:
-        model.save_weights(os.path.join(args.save, "ckpt"))
+        model.save_weights(os.path.join(args.save, optimizer, "ckpt"))
     else:
         model.picasso.write_back()
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
-        np.savez(os.path.join(args.out, "weights.npz"), *model.original.get_weights())
+        slots = [v.numpy() for v in model.optimizer.variables if v.shape.rank == 2]
+        np.savez(os.path.join(args.out, f"{optimizer}.npz"), *model.original.get_weights(), *slots)
         report = model.picasso.reports["training"]["passes"]
-        with open(os.path.join(args.out, "run.json"), "w") as f:
-            json.dump({"size": size, "collectives": counts, "losses": history.history["loss"],
+        with open(os.path.join(args.out, f"{optimizer}.json"), "w") as f:
+            json.dump({"size": size, "collectives": counts, "steps": int(model.optimizer.iterations.numpy()),
                        "distribute": next(p for p in report if p["pass"] == "distribute")}, f, default=str)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--optimizers", default="sgd,adagrad,adam")
+    parser.add_argument("--batches-rank1", type=int, default=STEPS)
+    parser.add_argument("--restore", help="a directory --save wrote, by any number of ranks")
+    parser.add_argument("--save")
+    parser.add_argument("--no-train", dest="train", action="store_false")
+    args = parser.parse_args()
+    size, rank = world()
+    for optimizer in args.optimizers.split(","):
+        run(args, optimizer, size, rank)
 
 
 if __name__ == "__main__":
