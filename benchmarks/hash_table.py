@@ -13,7 +13,10 @@ sum of a gradient per id, Adagrad on the unique rows. Measured two ways:
             plain C++ with custom_ops/hash_table.h, absl::flat_hash_map (TensorFlow's
             own absl headers) and std::unordered_map, batches interleaved between them
 
-ids/s = ids in the timed batches / seconds. Prints a table and writes it to --out.
+ids/s = ids in the timed batches / CPU seconds of the process (all its threads) while
+they ran, so that on a shared, loaded machine the time spent waiting for the core is
+not counted (what neighbours do to the caches still is). Prints a table and writes it
+to --out.
 
     .venv/bin/python benchmarks/hash_table.py
 """
@@ -90,10 +93,10 @@ def run_tf(ids, batch, dim, warmup):
     step.get_concrete_function(tf.TensorSpec([batch], tf.int64), tf.TensorSpec([], tf.int64))
     seconds = 0.0
     for t, b in enumerate(batches):
-        start = time.perf_counter()
+        start = time.process_time()  # every thread's CPU time: the op's pool thread too
         step(b, tf.constant(t, tf.int64)).numpy()
         if t >= warmup:
-            seconds += time.perf_counter() - start
+            seconds += time.process_time() - start
     return (len(batches) - warmup) * batch / seconds, int(table.size())
 
 
@@ -133,7 +136,8 @@ def main(argv=None):
     lines = [
         "HybridHash cold tier, one core: unique + find-or-insert + row gather + Adagrad update",
         f"machine: {cpu_model()}, {os.cpu_count()} cores visible, pinned to 1 "
-        f"(TF intra/inter-op threads 1; harness under taskset -c 0)",
+        f"(TF intra/inter-op threads 1; harness under taskset -c 0); load average at start "
+        f"{os.getloadavg()[0]:.1f}",
         f"ids: Zipf over {args.keys:,} keys, {args.batches} batches of {args.batch:,}, the "
         f"first {args.warmup} untimed",
         "command: " + " ".join([os.path.relpath(sys.executable, ROOT),
@@ -172,9 +176,11 @@ def main(argv=None):
             print(lines[-1], flush=True)
     tail = [
         "",
-        "ids/s per core over the timed batches (higher is better); 'keys': keys in the table at",
-        "the end; 'table B/key': bytes the picasso table holds per key (buckets, and rows of",
-        "24-byte header + value + accumulator), against a raw 8 + 8*dim bytes (key, value, slot).",
+        "ids per CPU-second of one core over the timed batches (higher is better). 'harness' runs",
+        "the three maps interleaved batch by batch in one process; 'TF ops' runs alone after it.",
+        "'keys': keys in the table at the end; 'table B/key': bytes the picasso table holds per",
+        "key (buckets, and rows of 24-byte header + value + accumulator), against a raw",
+        "8 + 8*dim bytes (key, value, slot).",
     ]
     print("\n".join(tail))
     with open(args.out, "w") as f:

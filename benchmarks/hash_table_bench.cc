@@ -10,20 +10,21 @@
 //   adagrad      g_u = sum of grads[i] per unique key; Adagrad on the U rows
 // The maps:
 //   picasso      custom_ops/hash_table.h (one partition-set table, run on one thread)
-//   absl         absl::flat_hash_map<int64, int64 row index> + one growing arena
-//   std          std::unordered_map<int64, int64 row index> + one growing arena
+//   absl         absl::flat_hash_map<int64, int64 row index> + rows in 1024-row chunks
+//   std          std::unordered_map<int64, int64 row index> + rows in 1024-row chunks
 // The arena maps get the same initializer and the same row math; only the map from key
 // to row and the row storage differ. Batches are interleaved between the maps, so a
-// noisy neighbour slows all of them alike.
+// noisy neighbour slows all of them alike (and each map's rows leave the cache
+// between its batches, as they would beside a model's other work).
 //
 // usage: hash_table_bench IDS_FILE BATCH DIM WARMUP_BATCHES
-// prints one line per map: "name dim ids_per_second distinct_keys bytes_per_key"
-#include <chrono>
+// prints one line per map: "name dim ids_per_cpu_second distinct_keys bytes_per_key"
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <ctime>
 #include <unordered_map>
 #include <vector>
 
@@ -137,7 +138,7 @@ class PicassoMap {
   std::vector<float*> values_;
 };
 
-// key -> row index into one arena of [value, accumulator] rows, plus counts and steps.
+// key -> row index into chunks of [value, accumulator] rows, plus counts and steps.
 template <typename MapT>
 class ArenaMap {
  public:
@@ -149,8 +150,10 @@ class ArenaMap {
     for (int64_t k = 0; k < u; ++k) {
       auto [it, inserted] = map_.try_emplace(b.uniq[k], static_cast<int64_t>(counts_.size()));
       if (inserted) {
-        arena_.resize(arena_.size() + 2 * dim_);
-        float* row = arena_.data() + arena_.size() - 2 * dim_;
+        if ((counts_.size() & (kChunkRows - 1)) == 0) {
+          chunks_.emplace_back(new float[kChunkRows * 2 * dim_]);
+        }
+        float* row = RowOf(counts_.size());
         config_.init.Fill(b.uniq[k], row, dim_);
         std::fill(row + dim_, row + 2 * dim_, kAccInit);
         counts_.push_back(0);
@@ -161,23 +164,32 @@ class ArenaMap {
       steps_[r] = step;
       row_of_[k] = r;
     }
-    values_.resize(u);  // after the inserts: the arena may have moved
-    for (int64_t k = 0; k < u; ++k) values_[k] = arena_.data() + row_of_[k] * 2 * dim_;
+    values_.resize(u);
+    for (int64_t k = 0; k < u; ++k) values_[k] = RowOf(row_of_[k]);
     GatherAndUpdate<kD>(b, values_, dim_);
   }
   int64_t size() const { return map_.size(); }
   int64_t bytes() const { return -1; }
 
  private:
+  static constexpr int64_t kChunkRows = 1024;
+  float* RowOf(int64_t r) { return chunks_[r / kChunkRows].get() + (r % kChunkRows) * 2 * dim_; }
+
   Config config_;
   int64_t dim_;
   MapT map_;
-  std::vector<float> arena_;
+  std::vector<std::unique_ptr<float[]>> chunks_;  // rows never move, as in hash_table.h
   std::vector<int64_t> counts_, steps_, row_of_;
   std::vector<float*> values_;
 };
 
-using Clock = std::chrono::steady_clock;
+// CPU seconds of this (single-threaded) process: on a shared machine, time spent
+// waiting for the core is not the table's.
+double CpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
 
 template <int64_t kD>
 int Run(const std::vector<int64_t>& ids, int64_t batch, int64_t dim, int64_t warmup) {
@@ -198,12 +210,12 @@ int Run(const std::vector<int64_t>& ids, int64_t batch, int64_t dim, int64_t war
   double seconds[3] = {0, 0, 0};
   for (int64_t t = 0; t < batches; ++t) {
     for (int m = 0; m < 3; ++m) {
-      const auto start = Clock::now();
+      const double start = CpuSeconds();
       unique.Run(ids.data() + t * batch, batch, &b.uniq, &b.idx);
       if (m == 0) picasso_map.Step<kD>(b, t);
       if (m == 1) absl_map.Step<kD>(b, t);
       if (m == 2) std_map.Step<kD>(b, t);
-      const double dt = std::chrono::duration<double>(Clock::now() - start).count();
+      const double dt = CpuSeconds() - start;
       if (t >= warmup) seconds[m] += dt;
     }
   }

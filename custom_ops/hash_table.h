@@ -409,11 +409,12 @@ class Table {
       }
     }
 
-    // Chunks double from 16 rows up to 8192, so that a small table stays small and a
-    // large one wastes at most one partly used chunk per partition.
+    // Each chunk holds half the rows before it, 16 to 1024: a small table stays small
+    // (at most a third of its rows unused) and a large one leaves at most 1024 rows
+    // unused per partition.
     char* NewRow(int64_t row_bytes) {
       if (chunk_used == chunk_rows) {
-        chunk_rows = std::clamp<int64_t>(arena_rows, 16, 8192);
+        chunk_rows = std::clamp<int64_t>(arena_rows / 2, 16, 1024);
         chunks.emplace_back(new char[chunk_rows * row_bytes]);
         arena_rows += chunk_rows;
         chunk_used = 0;
