@@ -55,6 +55,13 @@ class Config:
       traced batch size or else the warm-up batch's; models that couple samples, or
       whose loss is no batch mean, keep the batch whole. The report's k_interleave
       entry says which K and why (picasso_tf.runtime.micro_batch_planner).
+    interleave_from: where micro-batches start (paper Fig. 8): "embedding" (the
+      default, Fig. 8b) splits the batch at the inputs, each micro-batch running the
+      whole model; "mlp" (Fig. 8a) runs the fused lookups once on the whole batch and
+      only the rest of the model (the dense part) per micro-batch, taking its rows of
+      the lookups' outputs, whose gradients are gathered for one backward of the
+      lookups (picasso_tf.runtime.micro_batches.EmbeddingCut). Lookups left unfused
+      run per micro-batch either way.
     micro_batch_memory_budget: the bytes one micro-batch's activations may take under
       micro_batches="auto"; None (the default): a quarter of the memory available when
       the step is traced (two micro-batches may be alive at once).
@@ -102,6 +109,7 @@ class Config:
     interleaving: bool = True
     micro_batches: Union[int, str] = 1
     micro_batch_memory_budget: Optional[int] = None
+    interleave_from: str = "embedding"
     interleave_groups: int = 1
     interleave_excluded: Union[str, Tuple[str, ...]] = "auto"
     fused_optimizer: bool = True
@@ -113,6 +121,8 @@ class Config:
     def __post_init__(self):
         if self.micro_batches != "auto" and not (isinstance(self.micro_batches, int) and self.micro_batches >= 1):
             raise ValueError(f"micro_batches must be an int >= 1 or 'auto', got {self.micro_batches!r}")
+        if self.interleave_from not in ("embedding", "mlp"):
+            raise ValueError(f"interleave_from must be 'embedding' or 'mlp', got {self.interleave_from!r}")
         if self.micro_batch_memory_budget is not None and self.micro_batch_memory_budget <= 0:
             raise ValueError(f"micro_batch_memory_budget must be a number of bytes > 0, got "
                              f"{self.micro_batch_memory_budget}")

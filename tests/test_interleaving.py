@@ -1,6 +1,7 @@
 """Interleaving. D-interleaving: a step over K micro-batches equals the whole batch's
 (losses and weights, SGD / Adagrad / exact Adam, K dividing the batch or not, a batch
-smaller than K, recurrent and zoo models); micro-batch i+1 waits for micro-batch i's
+smaller than K, recurrent and zoo models), starting from the embedding layer or from
+the MLP (whose fused lookups run once); micro-batch i+1 waits for micro-batch i's
 loss; batch normalisation, masked outputs and losses that are not batch means are
 refused with the reason; "auto" picks K by Eq. 2 (hand-computed examples) and trains
 like the whole batch, or keeps a coupled batch whole. K-interleaving: Eq. 3's groups,
@@ -42,8 +43,8 @@ def batches(steps, rows=BATCH, seed=0):
              (rng.random(rows) < 0.4).astype("float32")) for _ in range(steps)]
 
 
-def train(k, optimizer, data):
-    model = picasso.optimize(build(), micro_batches=k)
+def train(k, optimizer, data, **options):
+    model = picasso.optimize(build(), micro_batches=k, **options)
     model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy", metrics=["AUC"])
     losses = [model.train_on_batch(x, y, return_dict=True) for x, y in data]
     return [r["loss"] for r in losses], [r["auc"] for r in losses], [w.numpy() for w in model.weights]
@@ -61,6 +62,35 @@ def test_micro_batches_train_like_the_whole_batch(optimizer):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"k={k}")
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("stitching", [True, False])      # a projection / packed lookups into a concat
+def test_micro_batches_from_the_mlp_train_like_the_whole_batch(optimizer, stitching):
+    data = batches(4)
+    whole_losses, whole_auc, whole_weights = train(1, optimizer, data, stitching=stitching)
+    for k in (2, 4, 7):
+        losses, auc, weights = train(k, optimizer, data, interleave_from="mlp", stitching=stitching)
+        np.testing.assert_allclose(losses, whole_losses, rtol=1e-5, err_msg=f"k={k}")
+        np.testing.assert_allclose(auc, whole_auc, rtol=1e-6, err_msg=f"k={k}")
+        for a, b in zip(weights, whole_weights):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"k={k}")
+
+
+def _step_graph(model):
+    x, y = batches(1)[0]
+    specs = ({k: tf.TensorSpec([None] + list(np.shape(v))[1:], tf.as_dtype(v.dtype)) for k, v in x.items()},
+             tf.TensorSpec([None], tf.float32))
+    return tf.function(model.train_step).get_concrete_function(specs).graph
+
+
+@pytest.mark.parametrize("start, runs", [("embedding", 3), ("mlp", 1)])
+def test_micro_batches_from_the_mlp_look_up_once(start, runs):
+    model = picasso.optimize(build(), micro_batches=3, interleave_from=start, stitching=False)
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    ops = [op.type for op in _step_graph(model).get_operations()]
+    fused = len(model.picasso.program.lookups["training"])
+    assert ops.count("PicassoPackedLookup") == ops.count("PicassoPackedLookupGrad") == fused * runs
+
+
 def test_a_batch_smaller_than_k_trains_like_the_whole_batch():
     data = batches(2, rows=3)
     whole, _, whole_weights = train(1, "adagrad", data)
@@ -70,13 +100,11 @@ def test_a_batch_smaller_than_k_trains_like_the_whole_batch():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_each_micro_batch_waits_for_the_previous_loss():
-    model = picasso.optimize(build(), micro_batches=3)
+@pytest.mark.parametrize("start", ["embedding", "mlp"])
+def test_each_micro_batch_waits_for_the_previous_loss(start):
+    model = picasso.optimize(build(), micro_batches=3, interleave_from=start)
     model.compile(optimizer="adagrad", loss="binary_crossentropy")
-    x, y = batches(1)[0]
-    specs = ({k: tf.TensorSpec([None] + list(np.shape(v))[1:], tf.as_dtype(v.dtype)) for k, v in x.items()},
-             tf.TensorSpec([None], tf.float32))
-    graph = tf.function(model.train_step).get_concrete_function(specs).graph
+    graph = _step_graph(model)
     gates = {i: [op for op in graph.get_operations() if f"picasso_micro_batch_{i}/" in op.name] for i in range(3)}
     assert all(gates.values()), [op.name for op in graph.get_operations() if "micro" in op.name][:20]
     assert not any(op.control_inputs for op in gates[0])
@@ -127,8 +155,9 @@ def test_a_recurrent_model_trains_like_the_whole_batch():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["din", "dien", "mmoe"])   # sequences and attention, a GRU, two heads
-def test_zoo_models_train_like_the_whole_batch(name):
+@pytest.mark.parametrize("name, start", [("din", "embedding"), ("dien", "embedding"), ("mmoe", "embedding"),
+                                         ("din", "mlp"), ("dien", "mlp"), ("can", "mlp")])
+def test_zoo_models_train_like_the_whole_batch(name, start):     # sequences and attention, a GRU, two heads
     from test_zoo import MIXED, random_data, zoo
     data = random_data(MIXED, 64 * 2, seed=3)
     steps = [(data.take(np.arange(s * 64, (s + 1) * 64)).features, data.take(np.arange(s * 64, (s + 1) * 64)).label_dict)
@@ -136,7 +165,7 @@ def test_zoo_models_train_like_the_whole_batch(name):
     results = []
     for k in (1, 3):
         tf.keras.utils.set_random_seed(1)
-        model = picasso.optimize(zoo.build(name, MIXED), micro_batches=k)
+        model = picasso.optimize(zoo.build(name, MIXED), micro_batches=k, interleave_from=start)
         model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
         results.append((np.ravel([model.train_on_batch(x, y) for x, y in steps]), [w.numpy() for w in model.weights]))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)

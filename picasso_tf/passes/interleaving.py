@@ -30,6 +30,7 @@ RESHAPES = {"Identity", "Reshape", "ExpandDims", "Squeeze"}   # the same values,
 def k_interleave(program, graph, config):
     report = {"micro_batches": config.micro_batches}
     if config.micro_batches != 1:
+        report["interleave_from"] = config.interleave_from
         coupled = batch_coupling_ops(program.graphs[graph])
         if coupled and config.micro_batches == "auto":
             report["batch_coupling"] = coupled      # "auto" keeps such a batch whole (runtime.micro_batch_planner)

@@ -12,43 +12,130 @@ free to overlap the previous one's backward (TensorFlow's inter-op threads sched
 them), and at most two micro-batches' activations are alive at once instead of the
 whole batch's (benchmarks/micro_batch_memory.py measures the peak).
 """
+import copy
+
 import tensorflow as tf
 
 from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.graph.cut import dense_part, embedding_part, lookup_outputs
+from picasso_tf.graph.graph_def_util import split_tensor_name
+from picasso_tf.graph.rebuild import conform_inputs, import_forward
 
 # Keras losses whose value is a mean over the batch's elements: a micro-batch's mean,
 # weighted by its share of the batch, sums to the batch's.
 MEAN_REDUCTIONS = ("auto", "sum_over_batch_size")
 
 
-def run_micro_batches(step, optimizer, forward_and_loss, data, k):
+def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None):
     """Trains one step of `step` (a TrainingStep) over k micro-batches of `data`
-    ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight) gives a micro-batch's
-    (predictions, mean loss). Returns the whole batch's predictions."""
-    parts, shares = split_batch(data, k)
-    gradients, predictions, losses = [], [], []
-    for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
+    ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight, forward=None) gives a
+    micro-batch's (predictions, mean loss), from the model's forward pass or, given a
+    `forward`, from that one. With an EmbeddingCut (interleave_from="mlp") the fused
+    lookups run once on the whole batch and only the rest per micro-batch. Returns the
+    whole batch's predictions."""
+    parts, shares, bounds = split_batch(data, k)
+    embeddings = cut.embed(data[0]) if cut is not None else []
+    stopped = [tf.stop_gradient(e) for e in embeddings]
+    gradients, predictions, losses, embedding_grads = [], [], [], []
+    for i, ((x, y, sample_weight), share, (begin, end)) in enumerate(zip(parts, shares, bounds)):
         ready = losses[-1:] + (_computed(gradients[-2]) if i >= 2 else [])
+        rows = [e[begin:end] for e in stopped]
         with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
             x = tf.nest.map_structure(_identity, x)
-        y_pred, loss = forward_and_loss(x, y, sample_weight)
+            rows = [tf.identity(r) for r in rows]
+        y_pred, loss = forward_and_loss(x, y, sample_weight, forward=cut.dense(rows) if cut is not None else None)
         _refuse_masked(y_pred, k)
-        gradients.append(step.backward(loss * tf.cast(share, loss.dtype), optimizer.iterations))
+        grads, rows_grads = _backward(step, loss * tf.cast(share, loss.dtype), optimizer.iterations, rows)
+        gradients.append(grads)
+        embedding_grads.append(rows_grads)
         predictions.append(y_pred)
         losses.append(loss)
+    if cut is not None:
+        gradients.append(_embedding_backward(step, optimizer, embeddings, embedding_grads))
     step.apply(optimizer, step.exchange(step.accumulate(gradients)))
     return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
 
 
+def _backward(step, loss, iteration, tensors):
+    """(step.backward(loss), the gradients of loss with respect to `tensors`, zeros
+    where it has none), from one tf.gradients call."""
+    if not tensors:
+        return step.backward(loss, iteration), []
+    extended = copy.copy(step)
+    extended.trainable = step.trainable + list(tensors)
+    grads = extended.backward(loss, iteration)
+    of = {id(t): g for g, t in grads.dense if any(t is x for x in tensors)}
+    grads.dense = [(g, t) for g, t in grads.dense if id(t) not in of]
+    return grads, [tf.convert_to_tensor(of[id(t)]) if id(t) in of else tf.zeros_like(t) for t in tensors]
+
+
+def _embedding_backward(step, optimizer, embeddings, micro_batch_grads):
+    """The fused lookups' backward, once over the whole batch, from their outputs'
+    gradients gathered from the micro-batches. The table gradient of sum(e * de), de
+    held constant, is the lookups' backward taking de as their outputs' gradient; with
+    the lookups read once in the step, their gradient kernels may update the tables
+    (config.apply_in_gradient), as in a step without micro-batches."""
+    terms = [tf.reduce_sum(e * tf.stop_gradient(tf.concat(list(grads), 0)))
+             for e, *grads in zip(embeddings, *micro_batch_grads) if e.dtype.is_floating]
+    one_stage = step.fused is not None and step.fused.in_gradient
+    return step.backward(tf.add_n(terms), optimizer.iterations, fuse_apply=one_stage)
+
+
+class EmbeddingCut:
+    """interleave_from="mlp" (paper Fig. 8a): the rewritten forward pass (a
+    RewrittenForward) cut at the outputs of the fused lookups named in `lookup_nodes`
+    (graph/cut.py): the embedding part runs on the whole batch, the dense part on each
+    micro-batch with its rows of the embeddings."""
+
+    def __init__(self, forward, lookup_nodes):
+        self.forward = forward
+        captured = forward.captured
+        self.tensors = lookup_outputs(captured.graph_def, lookup_nodes)
+        self.embedding_graph = embedding_part(captured.graph_def, self.tensors, keep=captured.input_tensors)
+        self.dense_graph = None
+
+    def embed(self, features):
+        """The cut tensors' values on the whole batch."""
+        c = self.forward.captured
+        return import_forward(self.embedding_graph, c.input_tensors, conform_inputs(c.input_specs, features),
+                              _present(self.embedding_graph, self.forward.captures), self.tensors,
+                              name="picasso_embedding")
+
+    def dense(self, rows):
+        """A RewrittenForward of the dense part, with `rows` (a micro-batch's rows of the
+        cut tensors) fed in."""
+        if self.dense_graph is None:
+            self.dense_graph, self.placeholders = dense_part(self.forward.captured, self.tensors, rows)
+        forward = copy.copy(self.forward)
+        forward.captured = self.dense_graph
+        forward.captures = _present(self.dense_graph.graph_def, {**self.forward.captures,
+                                                                 **dict(zip(self.placeholders, rows))})
+        return forward
+
+
+def embedding_cut(forward, program, config):
+    """The EmbeddingCut of interleave_from="mlp", else None (also with no fused lookups:
+    then every lookup is part of the micro-batches, as interleave_from="embedding")."""
+    nodes = [r.node for r in program.lookups.get("training", [])]
+    return EmbeddingCut(forward, nodes) if config.interleave_from == "mlp" and nodes else None
+
+
+def _present(graph_def, captures):
+    """The entries of captures whose placeholder graph_def still has."""
+    names = {n.name for n in graph_def.node}
+    return {t: v for t, v in captures.items() if split_tensor_name(t)[0] in names}
+
+
 def split_batch(structure, k):
-    """([structure's rows of micro-batch i] for i < k, [its share of the batch])."""
+    """([structure's rows of micro-batch i], [its share of the batch], [its (begin, end)
+    rows]) for i < k."""
     rows = _batch_size(next(t for t in tf.nest.flatten(structure) if t is not None))
     bounds = [(rows * i) // k for i in range(k + 1)]
-    parts = [tf.nest.map_structure(lambda t, b=b, e=e: _rows(t, b, e), structure)
-             for b, e in zip(bounds[:-1], bounds[1:])]
+    bounds = list(zip(bounds[:-1], bounds[1:]))
+    parts = [tf.nest.map_structure(lambda t, b=b, e=e: _rows(t, b, e), structure) for b, e in bounds]
     total = tf.cast(tf.maximum(rows, 1), tf.float64)
-    shares = [tf.cast(e - b, tf.float64) / total for b, e in zip(bounds[:-1], bounds[1:])]
-    return parts, shares
+    shares = [tf.cast(e - b, tf.float64) / total for b, e in bounds]
+    return parts, shares, bounds
 
 
 def check_losses(compiled_loss, k):
