@@ -44,6 +44,11 @@ class Config:
       without data the statistics come from the input shapes (uniform ids).
     hybrid_hash, distribute, interleaving: the caching, hybrid-parallel and interleaving
       passes; their slots run in order and report what they did.
+    replicate_tables_below: under Horovod with several ranks, a packed group with fewer
+      bytes than this stays whole on every rank (its gradient joins the dense Allreduce)
+      instead of being sharded: exchanging a small table's rows every step costs more
+      than summing the whole table, and sharding it saves little memory. 0 shards
+      every group that can be.
     micro_batches: D-interleaving: each training step runs the batch as this many
       micro-batches (sizes differing by at most one), sums their gradients and applies
       them once: the same step as the whole batch's, up to summation order, with at most
@@ -106,6 +111,7 @@ class Config:
     warmup_batches: int = 8
     hybrid_hash: bool = False
     distribute: bool = True
+    replicate_tables_below: int = 1 << 20
     interleaving: bool = True
     micro_batches: Union[int, str] = 1
     micro_batch_memory_budget: Optional[int] = None
@@ -132,6 +138,8 @@ class Config:
                 isinstance(f, str) for f in self.interleave_excluded)):
             raise ValueError(f"interleave_excluded must be 'auto' or a list of feature names, got "
                              f"{self.interleave_excluded!r}")
+        if self.replicate_tables_below < 0:
+            raise ValueError(f"replicate_tables_below is a size in bytes, >= 0; got {self.replicate_tables_below}")
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
         if not 0.0 <= self.projection_max_distinct <= 1.0:

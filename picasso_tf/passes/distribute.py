@@ -3,7 +3,8 @@ the packed groups across the ranks and have the fused lookups read the rows that
 step fetches from their owners.
 
 A group is sharded when only fused lookups read its tables (nothing reads a table
-whole) and it trains. For such a group the pass
+whole), it trains, and it is not small (config.replicate_tables_below). For such a
+group the pass
   - sets its storage kind to "sharded" (picasso_tf.embedding.sharded: rank r holds the
     rows id % size == r of every member table);
   - replaces, in every fused lookup reading it, its table inputs by one FetchedRows
@@ -38,7 +39,7 @@ def distribute(program, graph, config):
     reads = _table_reads(captured, index)            # group -> ReadTables node
     sharded, replicated = {}, {}
     for layout in program.tables or ():
-        why = _why_replicated(layout, reads.get(layout.name), index)
+        why = _why_replicated(layout, reads.get(layout.name), index, config.replicate_tables_below)
         if why:
             replicated[layout.name] = why
         else:
@@ -102,8 +103,11 @@ def _table_reads(captured, index):
     return reads
 
 
-def _why_replicated(layout, read, index):
+def _why_replicated(layout, read, index, replicate_below):
     """Why a group stays whole on every rank; None when it can be sharded."""
+    size = layout.num_rows * layout.dim * layout.dtype.size
+    if size < replicate_below:
+        return f"{size} bytes, below replicate_tables_below={replicate_below}: cheaper summed whole than exchanged"
     if not layout.trainable:
         return "frozen (trainable=False): never updated, read locally"
     if layout.densely_read:

@@ -88,7 +88,7 @@ def run(args, optimizer, size, rank):
     features, labels = data(STEPS)
     batches = args.batches_rank1 if rank == 1 else STEPS
     dataset = rank_share(features, labels, batches, size, rank)
-    model = picasso_tf.optimize(build())
+    model = picasso_tf.optimize(build(), replicate_tables_below=args.replicate_below)
     model.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     if args.restore:
         model.load_weights(os.path.join(args.restore, optimizer, "ckpt"))
@@ -120,6 +120,7 @@ def main():
     parser.add_argument("--restore", help="a directory --save wrote, by any number of ranks")
     parser.add_argument("--save")
     parser.add_argument("--no-train", dest="train", action="store_false")
+    parser.add_argument("--replicate-below", type=int, default=0, help="bytes; 0 shards every table")
     args = parser.parse_args()
     size, rank = world()
     for optimizer in args.optimizers.split(","):
