@@ -310,18 +310,19 @@ class PicassoModel(tf.keras.Model):
         return status
 
     # Under hybrid parallelism every rank must run the same number of steps: a rank that
-    # stopped early would leave the others waiting in a collective.
+    # stopped early would leave the others waiting in a collective. Given a step count
+    # (the same on every rank), Keras stops there; else datasets are cut to the shortest.
     def fit(self, x=None, *args, **kwargs):
-        return super().fit(self._same_length_on_every_rank(x), *args, **kwargs)
+        return super().fit(self._same_length_on_every_rank(x, kwargs.get("steps_per_epoch")), *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        return super().evaluate(self._same_length_on_every_rank(x), *args, **kwargs)
+        return super().evaluate(self._same_length_on_every_rank(x, kwargs.get("steps")), *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        return super().predict(self._same_length_on_every_rank(x), *args, **kwargs)
+        return super().predict(self._same_length_on_every_rank(x, kwargs.get("steps")), *args, **kwargs)
 
-    def _same_length_on_every_rank(self, x):
+    def _same_length_on_every_rank(self, x, steps):
         world = current_world()
-        if not world.distributed or not isinstance(x, tf.data.Dataset):
+        if not world.distributed or not isinstance(x, tf.data.Dataset) or steps is not None:
             return x
         return take_same_number_of_batches(x, world)

@@ -60,6 +60,8 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("hybrid")
     for np_ in (1, 2):
         _ran(horovodrun_worker([root / f"out{np_}", "--save", root / f"ckpt{np_}"], np_))
+    # The same with every table small enough to stay whole on each rank (the default for small tables).
+    _ran(horovodrun_worker([root / "replicated", "--optimizers", "adagrad", "--replicate-below", 1 << 20], 2))
     return root
 
 
@@ -68,12 +70,15 @@ def _arrays(path):
         return [f[k] for k in f.files]
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_two_ranks_train_like_one_rank_with_the_whole_batch(trained, optimizer):
-    one, two = _arrays(trained / "out1" / f"{optimizer}.npz"), _arrays(trained / "out2" / f"{optimizer}.npz")
-    run = json.load(open(trained / "out2" / f"{optimizer}.json"))
+@pytest.mark.parametrize("optimizer,variant", [(o, "out2") for o in OPTIMIZERS] + [("adagrad", "replicated")])
+def test_two_ranks_train_like_one_rank_with_the_whole_batch(trained, optimizer, variant):
+    one, two = _arrays(trained / "out1" / f"{optimizer}.npz"), _arrays(trained / variant / f"{optimizer}.npz")
+    run = json.load(open(trained / variant / f"{optimizer}.json"))
     assert run["size"] == 2 and run["steps"] == 20
-    assert run["distribute"]["sharded"] == ["packed_float32_d4", "packed_float32_d8"]
+    if variant == "out2":
+        assert run["distribute"]["sharded"] == ["packed_float32_d4", "packed_float32_d8"]
+    else:
+        assert "sharded" not in run["distribute"] and len(run["distribute"]["replicated"]) == 2
     assert len(one) == len(two)
     for a, b in zip(one, two):
         # Tables (2-D, embedding-shaped) are equal up to summation order; dense weights within 1e-6.

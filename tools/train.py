@@ -31,9 +31,16 @@ the original (un-rewritten) zoo model, model.original.save_weights(DIR/weights),
 a SavedModel of it that stock TensorFlow serves (DIR/saved_model, written by
 model.picasso.export), plus DIR/schema.json and DIR/export.json.
 
+Ranks: under `horovodrun -np N` the same command trains on N processes: the
+picasso model with hybrid parallelism (tables sharded over the ranks, dense layers
+replicated), the baseline data-parallel with Horovod's DistributedOptimizer. Each rank
+trains on its shard of every epoch with --batch-size examples per step (so N times as
+many per step in all); samples/s, AUC and log loss are over all ranks (the test set is
+split among them and their predictions gathered); rank 0 prints and writes.
+
 Exit codes: 0 done; 2 bad arguments or data (one line naming the problem and the
-valid choices); 3 started by horovodrun/mpirun with more than one process
-(multi-process training is not supported by this tool yet).
+valid choices); 3 started by a launcher with more than one process but without a
+working Horovod.
 """
 import argparse
 import datetime
@@ -101,6 +108,39 @@ def launched_world(environ=None):
         except Exception:   # noqa: BLE001  (no horovod: the rank variable alone says "more than one")
             size = rank + 1 if rank > 0 else 1
     return (size or 1), (rank or 0)
+
+
+class Ranks:
+    """The Horovod ranks this run trains on (one process: a world of one, no Horovod)."""
+
+    def __init__(self, size=1, rank=0):
+        self.size, self.rank = size, rank
+
+    @classmethod
+    def join(cls, launched_size):
+        import horovod.tensorflow as hvd
+        hvd.init()
+        if hvd.size() != launched_size:
+            raise RuntimeError(f"the launcher started {launched_size} processes but Horovod sees {hvd.size()}")
+        return cls(hvd.size(), hvd.rank())
+
+    @property
+    def lead(self):
+        """Rank 0: the one that prints and writes."""
+        return self.rank == 0
+
+    def broadcast(self, value):
+        if self.size == 1:
+            return value
+        import horovod.tensorflow as hvd
+        return hvd.broadcast_object(value, root_rank=0)
+
+    def gather(self, array):
+        """Every rank's array, concatenated in rank order."""
+        if self.size == 1:
+            return array
+        import horovod.tensorflow as hvd
+        return hvd.allgather(array).numpy()
 
 
 # -- arguments ---------------------------------------------------------------------------------------
@@ -302,7 +342,7 @@ def _callback_base():
 
 
 def _make_monitor(name, step_var, steps_per_epoch, batch_size, num_examples, manager, checkpoint_every,
-                  total_steps, echo):
+                  total_steps, echo, before_save=None):
     """A Keras callback that counts steps, times them, saves checkpoints and (echo) prints a
     line per epoch."""
     class TrainMonitor(_callback_base()):
@@ -340,9 +380,12 @@ def _make_monitor(name, step_var, steps_per_epoch, batch_size, num_examples, man
             self.last_end, self.last_epoch = time.perf_counter(), epoch
 
         def save(self):
-            if manager is not None and (not self.saved or self.saved[-1] != self.step):
+            if not self.saved or self.saved[-1] != self.step:
                 step_var.assign(self.step)
-                manager.save(checkpoint_number=self.step)
+                if before_save is not None:
+                    before_save()        # a collective: every rank runs it
+                if manager is not None:
+                    manager.save(checkpoint_number=self.step)
                 self.saved.append(self.step)
 
         def on_epoch_end(self, epoch, logs=None):
@@ -386,19 +429,25 @@ def _build_training_state(model, dataset):
     model.make_train_function().get_concrete_function(iter(dataset))
 
 
-def _target_dataset(names, data, batch_size, seed):
-    """The endless, per-epoch shuffled (features, targets) batches; targets matched to the
-    model's output names."""
-    ds = data.dataset(batch_size, shuffle=True, seed=seed, repeat=True)
+def _target_dataset(names, data, batch_size, seed, ranks):
+    """This rank's endless, per-epoch shuffled (features, targets) batches; targets
+    matched to the model's output names."""
+    ds = data.dataset(batch_size, shuffle=True, seed=seed, repeat=True, rank=ranks.rank, world=ranks.size)
     if len(names) == 1:
         return ds.map(lambda x, y: (x, y[names[0]] if isinstance(y, dict) else y))
     return ds.map(lambda x, y: (x, {n: y[n] for n in names}))
 
 
-def _compile(model, recipe):
+def _compile(model, recipe, ranks):
     import tensorflow as tf
     from picasso_tf.models.training import OPTIMIZERS as KERAS_OPTIMIZERS
     optimizer = KERAS_OPTIMIZERS[recipe["optimizer"]](learning_rate=recipe["learning_rate"])
+    if ranks.size > 1 and not hasattr(model, "picasso"):
+        # The baseline: Horovod's data parallelism (picasso models exchange their own gradients).
+        import horovod.tensorflow.keras as hvd_keras
+        import horovod.tensorflow as hvd
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        optimizer = hvd_keras.DistributedOptimizer(optimizer)
     model.compile(optimizer=optimizer, loss="binary_crossentropy", metrics=[tf.keras.metrics.AUC(name="auc")])
     return model
 
@@ -407,7 +456,9 @@ def train_one(name, model, data, recipe, plan, args, logdir):
     """Trains one model (mode `name`) as `plan` says; returns a dict of results."""
     import tensorflow as tf
 
+    ranks = plan["ranks"]
     bs, total, spe = recipe["batch_size"], plan["total_steps"], plan["steps_per_epoch"]
+    picasso = getattr(model, "picasso", None)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step_var)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(logdir, "checkpoints", name), max_to_keep=3)
@@ -416,20 +467,23 @@ def train_one(name, model, data, recipe, plan, args, logdir):
         if manager.latest_checkpoint is None:
             raise UsageError(f"--resume: no {name} checkpoint in {os.path.join(logdir, 'checkpoints', name)}; "
                              f"the run in {logdir} saved none for --mode {name}")
-        _build_training_state(model, _target_dataset(plan["outputs"], data.train, bs, args.seed))
+        _build_training_state(model, _target_dataset(plan["outputs"], data.train, bs, args.seed, ranks))
         status = checkpoint.restore(manager.latest_checkpoint)
         try:
             status.assert_consumed()
         except AssertionError as e:
             raise UsageError(f"--resume: {manager.latest_checkpoint} does not fit this {name} model: "
                              f"{first_line(e)}") from None
+        if picasso is not None:
+            picasso.read_back()
         resumed_from = int(step_var.numpy())
         print(f"  [{name}] resumed from {manager.latest_checkpoint} at step {resumed_from}", flush=True)
     start = int(step_var.numpy())
-    monitor = _make_monitor(name, step_var, spe, bs, data.train.num_examples, manager, args.checkpoint_every,
-                            total, echo=not args.verbose)
-    callbacks = [monitor, tf.keras.callbacks.TensorBoard(os.path.join(logdir, name), write_graph=False,
-                                                         profile_batch=0)]
+    monitor = _make_monitor(name, step_var, spe, bs, math.ceil(data.train.num_examples / ranks.size),
+                            manager if ranks.lead else None, args.checkpoint_every, total, echo=not args.verbose,
+                            before_save=picasso.write_back if picasso is not None else None)
+    callbacks = [monitor] + ([tf.keras.callbacks.TensorBoard(os.path.join(logdir, name), write_graph=False,
+                                                             profile_batch=0)] if ranks.lead else [])
     history = {}
     began = time.perf_counter()
     if start >= total:
@@ -438,7 +492,7 @@ def train_one(name, model, data, recipe, plan, args, logdir):
         # A fresh dataset per fit() call: its epochs count from 0 (TabularData.dataset
         # shuffles by (seed, pass over that dataset)), so skipping to the global step
         # gives every step the batch an uninterrupted run would have seen.
-        batches = _target_dataset(plan["outputs"], data.train, bs, args.seed)
+        batches = _target_dataset(plan["outputs"], data.train, bs, args.seed, ranks)
         hist = model.fit(batches.skip(first_step) if first_step else batches, epochs=epochs,
                          initial_epoch=initial_epoch, steps_per_epoch=steps_per_call, verbose=args.verbose,
                          callbacks=callbacks)
@@ -447,23 +501,30 @@ def train_one(name, model, data, recipe, plan, args, logdir):
     train_seconds = time.perf_counter() - began
     if total > start:
         monitor.save()   # the final state, whatever --checkpoint-every
-    scores = _predict(model, data.test.features, plan["outputs"])
-    labels = data.test.label_dict
+    # Each rank scores an equal share of the test set (its predictions run the same
+    # number of steps, as collectives need); the shares are gathered.
+    share = data.test.num_examples // ranks.size
+    mine = slice(ranks.rank * share, (ranks.rank + 1) * share)
+    scores = {k: ranks.gather(v) for k, v in _predict(
+        model, {k: v[mine] for k, v in data.test.features.items()}, plan["outputs"]).items()}
+    labels = {k: ranks.gather(v[mine]) for k, v in data.test.label_dict.items()}
     test = {}
     for label, p in scores.items():
         if label in labels:
             test[label] = {"auc": _auc(labels[label], p), "log_loss": _log_loss(labels[label], p)}
     first = next(iter(test.values()), {"auc": None, "log_loss": None})
-    writer = tf.summary.create_file_writer(os.path.join(logdir, name, "eval"))
-    with writer.as_default():
-        for label, values in test.items():
-            for metric, value in values.items():
-                if value is not None:
-                    tf.summary.scalar(f"test_{metric}" + (f"_{label}" if len(test) > 1 else ""), value,
-                                      step=monitor.step)
-    writer.close()
+    if ranks.lead:
+        writer = tf.summary.create_file_writer(os.path.join(logdir, name, "eval"))
+        with writer.as_default():
+            for label, values in test.items():
+                for metric, value in values.items():
+                    if value is not None:
+                        tf.summary.scalar(f"test_{metric}" + (f"_{label}" if len(test) > 1 else ""), value,
+                                          step=monitor.step)
+        writer.close()
+    per_rank = monitor.samples_per_second
     return {
-        "samples_per_second": monitor.samples_per_second,
+        "samples_per_second": per_rank * ranks.size if per_rank else None,
         "timed_steps": monitor.timed_steps,
         "train_loss": history.get("loss", [None])[-1],
         "test_auc": first["auc"],
@@ -614,26 +675,29 @@ def run(args):
         raise UsageError(f"--model {args.model} needs inputs the data ({schema.name or args.data}) lacks: "
                          f"{'; '.join(missing)}. Models that fit this data: {', '.join(fits) or 'none'}")
 
+    ranks = getattr(args, "_ranks", None) or Ranks()
     bs = int(recipe["batch_size"])
-    steps_per_epoch = math.ceil(data.train.num_examples / bs)
+    steps_per_epoch = math.ceil(data.train.num_examples / (bs * ranks.size))
     total_steps = args.steps or int(recipe["epochs"]) * steps_per_epoch
-    plan = {"steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+    plan = {"steps_per_epoch": steps_per_epoch, "total_steps": total_steps, "ranks": ranks}
 
-    logdir = _resolve_logdir(args)
+    logdir = ranks.broadcast(_resolve_logdir(args))
     run_config = {k: getattr(args, k) for k in ("model", "data", "format", "schema", "rows", "vocab_size",
                                                  "preset_option", "hparam", "test_fraction", "seed",
                                                  "picasso_option")}
     run_config.update(batch_size=bs, optimizer=recipe["optimizer"], learning_rate=recipe["learning_rate"])
     if args.resume:
         _check_resume(args, logdir, run_config)
-    os.makedirs(logdir, exist_ok=True)
-    with open(os.path.join(logdir, "run_config.json"), "w") as f:
-        json.dump(_clean(run_config), f, indent=1)
+    if ranks.lead:
+        os.makedirs(logdir, exist_ok=True)
+        with open(os.path.join(logdir, "run_config.json"), "w") as f:
+            json.dump(_clean(run_config), f, indent=1)
 
     print(f"picasso-train: {args.model} on {data.description}", flush=True)
     print(f"  train {data.train.num_examples} / test {data.test.num_examples} examples; "
           f"{recipe['optimizer']} lr {recipe['learning_rate']}, batch {bs}, {total_steps} steps "
-          f"({total_steps / steps_per_epoch:.2g} epochs); mode {args.mode}; logdir {logdir}", flush=True)
+          f"({total_steps / steps_per_epoch:.2g} epochs); mode {args.mode}; logdir {logdir}"
+          + (f"; {ranks.size} ranks, batch {bs} each" if ranks.size > 1 else ""), flush=True)
 
     # Models: built once (seeded); the picasso copy starts from the same weights.
     meta = zoo.info(args.model)
@@ -665,13 +729,14 @@ def run(args):
         t = time.perf_counter()
         try:
             models["picasso"] = picasso_tf.optimize(
-                original, warmup_data=data.train.dataset(bs, shuffle=True, seed=args.seed), **picasso_options)
+                original, warmup_data=data.train.dataset(bs, shuffle=True, seed=args.seed, rank=ranks.rank,
+                                                         world=ranks.size), **picasso_options)
         except REFUSALS as e:
             raise UsageError(f"picasso_tf.optimize refused --model {args.model}"
                              f"{_given('--picasso-option', args.picasso_option)}: {first_line(e)}") from None
         print(f"  [picasso] graph rewritten in {time.perf_counter() - t:.1f}s", flush=True)
     for model in models.values():
-        _compile(model, recipe)
+        _compile(model, recipe, ranks)
 
     results = {}
     for mode in modes:
@@ -682,13 +747,14 @@ def run(args):
     ops = None
     if "picasso" in models and args.profile:
         t = time.perf_counter()
-        batch = next(iter(_target_dataset(plan["outputs"], data.train, bs, args.seed)))
-        profile = picasso_tf.profile(models["picasso"], batch, out_dir=args.profile_dir,
+        batch = next(iter(_target_dataset(plan["outputs"], data.train, bs, args.seed, ranks)))
+        profile = picasso_tf.profile(models["picasso"], batch, out_dir=args.profile_dir if ranks.lead else None,
                                      trace_steps=3 if args.profile_dir else 0)
         ops = {k: v["total"] for k, v in profile["ops"].items()}
         from picasso_tf.profiling.profile import format_table
-        with open(os.path.join(logdir, "profile.txt"), "w") as f:
-            f.write(format_table(profile) + "\n")
+        if ranks.lead:
+            with open(os.path.join(logdir, "profile.txt"), "w") as f:
+                f.write(format_table(profile) + "\n")
         print(f"  op counts from picasso_tf.profile on one batch ({time.perf_counter() - t:.1f}s)", flush=True)
 
     table = format_comparison(results, ops)
@@ -702,7 +768,9 @@ def run(args):
         print(report)
 
     export = None
-    if args.export:
+    if args.export and "picasso" in models:
+        models["picasso"].picasso.write_back()      # gathers the shards: every rank takes part
+    if args.export and ranks.lead:
         export = export_original(models["picasso"] if "picasso" in models else models["baseline"], args, schema,
                                  params, "picasso" if "picasso" in models else "baseline")
         print(f"\nexported the trained weights into the original {args.model}: {export['weights']}; "
@@ -724,10 +792,12 @@ def run(args):
         "table": table, "picasso_report": report, "export": export, "logdir": logdir,
         "machine": _machine(), "wall_seconds": time.perf_counter() - started,
     }
+    summary["ranks"] = ranks.size
     summary_path = args.summary or os.path.join(logdir, "summary.json")
-    os.makedirs(os.path.dirname(os.path.abspath(summary_path)), exist_ok=True)
-    with open(summary_path, "w") as f:
-        json.dump(_clean(summary), f, indent=1)
+    if ranks.lead:
+        os.makedirs(os.path.dirname(os.path.abspath(summary_path)), exist_ok=True)
+        with open(summary_path, "w") as f:
+            json.dump(_clean(summary), f, indent=1)
     print(f"\nsummary: {summary_path}   tensorboard --logdir {logdir}")
     return {"summary": summary, "models": models, "data": data, "logdir": logdir}
 
@@ -739,8 +809,8 @@ def export_original(model, args, schema, params, mode):
     from picasso_tf.export import export_saved_model
     saved_model = os.path.join(out, "saved_model")
     if mode == "picasso":
-        model.picasso.export(saved_model)       # writes the storage back into the original first
-        model = model.original
+        model = model.original                  # the caller wrote the storage back into it
+        export_saved_model(model, saved_model)
     else:
         export_saved_model(model, saved_model)
     weights = os.path.join(out, "weights")
@@ -768,18 +838,25 @@ def _is_json(value):
 def main(argv=None):
     """The console script picasso-train; returns the exit code."""
     size, rank = launched_world()
+    ranks = Ranks()
     if size > 1:
-        # Every rank says it: a launcher may stop the job as soon as one rank exits.
-        print(f"picasso-train: started as {size} processes (horovodrun/mpirun; this is rank {rank}): "
-              "multi-process training is not supported by picasso-train yet. Run it as one process "
-              "(without horovodrun); nothing was trained.", file=sys.stderr, flush=True)
-        return EXIT_MULTIPROCESS
+        try:
+            ranks = Ranks.join(size)
+        except Exception as e:  # noqa: BLE001  (no horovod, or it cannot start: said in one line)
+            # Every rank says it: a launcher may stop the job as soon as one rank exits.
+            print(f"picasso-train: started as {size} processes (this is rank {rank}), but Horovod cannot "
+                  f"join them: {first_line(e)}. Start it with horovodrun (scripts/setup_env.sh builds "
+                  "Horovod), or as one process; nothing was trained.", file=sys.stderr, flush=True)
+            return EXIT_MULTIPROCESS
+        if not ranks.lead:
+            sys.stdout = open(os.devnull, "w")     # rank 0 prints
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:          # --help, or a bad argument (already printed)
         return e.code
     args._argv = None if argv is None else list(argv)
+    args._ranks = ranks
     try:
         run(args)
     except UsageError as e:
