@@ -108,3 +108,12 @@ def test_checkpoints_restore_on_another_number_of_ranks(trained, tmp_path, saved
     assert len(saved) == len(restored)      # weights and Adam's m and v of every table and kernel
     for a, b in zip(saved, restored):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_rank_that_dies_stops_the_others(tmp_path):
+    """Rank 1 exits in the middle of training, while rank 0 waits in a collective for
+    it: the job ends with an error naming the rank, not a hang."""
+    done = horovodrun_worker([tmp_path, "--optimizers", "sgd", "--die-at", 5], 2, timeout=180)
+    assert done.returncode != 0
+    assert "exited with non-zero status" in done.stderr and "Exit code: 17" in done.stderr, done.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "sgd.npz")

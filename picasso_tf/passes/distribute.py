@@ -23,6 +23,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from picasso_tf.distributed.world import current_world
+from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import (GraphIndex, canonical, drop_stale_colocations, split_tensor_name,
                                              unique_name)
 from picasso_tf.program import ExchangedIds, FetchedRows, StorageRef
@@ -34,6 +35,10 @@ def distribute(program, graph, config):
     world = current_world()
     if not world.distributed:
         return program, {"changed": False, "why": "single process: nothing to distribute"}
+    if config.micro_batches != 1:
+        raise UnsupportedModelError(
+            f"picasso_tf: micro_batches={config.micro_batches!r} with hybrid parallelism over {world.size} ranks is "
+            "not built yet (each micro-batch would need its own exchange); use micro_batches=1 under Horovod")
     captured = program.graphs[graph]
     index = GraphIndex(captured.graph_def)
     reads = _table_reads(captured, index)            # group -> ReadTables node

@@ -83,6 +83,18 @@ def collectives(model, dataset):
     return {t: ops.count(t) for t in sorted(set(ops)) if t.startswith("Horovod")}
 
 
+class DieAt(tf.keras.callbacks.Callback):
+    """Rank 1 exits abruptly at step `step`, as a crashed or killed process would."""
+
+    def __init__(self, step, rank):
+        super().__init__()
+        self.step, self.rank = step, rank
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.step is not None and self.rank == 1 and batch == self.step:
+            os._exit(17)
+
+
 def run(args, optimizer, size, rank):
     """Trains (or only restores) one model; rank 0 writes its weights and what it ran."""
     features, labels = data(STEPS)
@@ -96,7 +108,7 @@ def run(args, optimizer, size, rank):
     if not args.train:
         model.optimizer.build(model.original.trainable_variables)    # its slots restore too
     if args.train:
-        model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+        model.fit(dataset, epochs=1, verbose=0, shuffle=False, callbacks=[DieAt(args.die_at, rank)])
         counts = collectives(model, dataset)
     if args.save:
         model.save_weights(os.path.join(args.save, optimizer, "ckpt"))
@@ -120,6 +132,7 @@ def main():
     parser.add_argument("--restore", help="a directory --save wrote, by any number of ranks")
     parser.add_argument("--save")
     parser.add_argument("--no-train", dest="train", action="store_false")
+    parser.add_argument("--die-at", type=int, help="rank 1 exits at this step (a rank that dies)")
     parser.add_argument("--replicate-below", type=int, default=0, help="bytes; 0 shards every table")
     args = parser.parse_args()
     size, rank = world()
