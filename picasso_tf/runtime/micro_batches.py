@@ -1,4 +1,4 @@
-"""D-interleaving (paper §III-C, Fig. 8b): one training step over K micro-batches.
+"""D-interleaving (paper §III-C, Fig. 8): one training step over K micro-batches.
 
 The batch is split along its first axis into K micro-batches whose sizes differ by at
 most one (a batch smaller than K leaves some empty). Each runs the rewritten forward
@@ -11,6 +11,11 @@ gradients: the micro-batches run one after another, each one's lookups and forwa
 free to overlap the previous one's backward (TensorFlow's inter-op threads schedule
 them), and at most two micro-batches' activations are alive at once instead of the
 whole batch's (benchmarks/micro_batch_memory.py measures the peak).
+
+From the embedding layer (Fig. 8b, the default) each micro-batch runs the whole
+model, its lookups included. From the MLP (Fig. 8a, EmbeddingCut) the fused lookups
+run once on the whole batch and the micro-batches share their outputs: the lookups'
+backward runs once and the tables' row gradients need no summing across micro-batches.
 """
 import copy
 
