@@ -296,13 +296,18 @@ class PicassoModel(tf.keras.Model):
         original = tf.keras.layers.deserialize(config["original"], custom_objects=custom_objects)
         return cls(original, Config(**config["picasso"]))
 
+    # The original's variables, which are saved, are made to hold the rows first. Under
+    # hybrid parallelism that gathers every rank's shards, so every rank calls save, and
+    # rank 0 alone writes (the ranks would otherwise write the same files at once).
     def save(self, *args, **kwargs):
-        self.picasso.write_back()     # the original's variables, which are saved, hold the rows
-        return super().save(*args, **kwargs)
+        self.picasso.write_back()
+        if current_world().rank == 0:
+            return super().save(*args, **kwargs)
 
     def save_weights(self, *args, **kwargs):
         self.picasso.write_back()
-        return super().save_weights(*args, **kwargs)
+        if current_world().rank == 0:
+            return super().save_weights(*args, **kwargs)
 
     def load_weights(self, *args, **kwargs):
         status = super().load_weights(*args, **kwargs)
