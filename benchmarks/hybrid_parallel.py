@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from picasso_tf.config import Config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
@@ -307,7 +309,8 @@ def main():
         single = [run_worker(os.path.join(work, f"{model}_1_{r}"), model, args.batch, args.warmup, args.steps, 1)
                   for r in range(args.repeats)]
         configs = [measure(model, "all sharded (replicate_tables_below=0)", 0, args, work, single),
-                   measure(model, "default (replicate_tables_below=1 MiB)", None, args, work, single)]
+                   measure(model, f"default (replicate_tables_below={Config().replicate_tables_below >> 20} MiB)",
+                           None, args, work, single)]
         figures = report(model, configs, args)
         loopback = statistics.mean(r["loopback_bytes_per_s"] for c in configs for r in c["instrumented"])
         loopbacks.append(loopback)

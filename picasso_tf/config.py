@@ -46,9 +46,11 @@ class Config:
       passes; their slots run in order and report what they did.
     replicate_tables_below: under Horovod with several ranks, a packed group with fewer
       bytes than this stays whole on every rank (its gradient joins the dense Allreduce)
-      instead of being sharded: exchanging a small table's rows every step costs more
-      than summing the whole table, and sharding it saves little memory. 0 shards
-      every group that can be.
+      instead of being sharded. The exchange costs each step a fixed amount of CPU (three
+      dependent AllToAllv plus deduplication) that exceeds allreducing tables of several
+      MiB on CPUs (benchmarks/hybrid_parallel.txt), and sharding does not yet lower a
+      rank's memory (each rank keeps the original tables), so only large groups are
+      sharded by default. 0 shards every group that can be.
     micro_batches: D-interleaving: each training step runs the batch as this many
       micro-batches (sizes differing by at most one), sums their gradients and applies
       them once: the same step as the whole batch's, up to summation order, with at most
@@ -111,7 +113,7 @@ class Config:
     warmup_batches: int = 8
     hybrid_hash: bool = False
     distribute: bool = True
-    replicate_tables_below: int = 1 << 20
+    replicate_tables_below: int = 16 << 20
     interleaving: bool = True
     micro_batches: Union[int, str] = 1
     micro_batch_memory_budget: Optional[int] = None
