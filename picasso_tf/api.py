@@ -90,7 +90,7 @@ class PicassoInfo:
         """Makes the storage hold the original model's tables again (after they were
         restored or assigned); every rank calls it together."""
         for storage in self.storages.values():
-            getattr(storage, "read_back", lambda: None)()
+            storage.read_back()
 
     def export(self, directory):
         """Writes a SavedModel of the original model with the trained weights, which

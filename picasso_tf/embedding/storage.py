@@ -12,7 +12,8 @@ Everything else about a group's state goes through this interface:
   optimizer state  ``slots(optimizer, member)``: the member's slot variables
   apply            a step's update (sparse_apply.Update) of unique rows; a gradient
                    kernel may instead apply it in place, to ``variables``
-  write_back       make the original model's variables hold the rows (for export)
+  write_back       make the original model's variables hold the rows (checkpoints, export)
+  read_back        make the storage hold the original variables' rows (after a restore)
 
 Kinds plug in at ``make_storage``. "tables" is the first: the group's original
 tables read in place, with the Keras optimizer's own slot variables, so a wrapped
@@ -53,6 +54,9 @@ class EmbeddingStorage:
     def write_back(self):
         raise NotImplementedError
 
+    def read_back(self):
+        raise NotImplementedError
+
 
 class TablesInPlace(EmbeddingStorage):
     """The group's original tables themselves: the fused kernels read them as a list
@@ -75,6 +79,9 @@ class TablesInPlace(EmbeddingStorage):
 
     def write_back(self):
         pass   # the original variables are the state
+
+    def read_back(self):
+        pass
 
 
 def make_storage(layout, world):
