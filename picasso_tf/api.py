@@ -23,6 +23,7 @@ from picasso_tf.config import Config
 from picasso_tf.distributed.exchange import RowExchange
 from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
                                           take_same_number_of_batches)
+from picasso_tf.embedding.hybrid_hash import HashRowFetch, HybridHashTables
 from picasso_tf.embedding.sharded import RowShardedTables
 from picasso_tf.embedding.storage import make_storage
 from picasso_tf.errors import UnsupportedModelError
@@ -180,11 +181,16 @@ class PicassoModel(tf.keras.Model):
         program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
         if world.distributed:
             check_same_on_every_rank(program.fingerprint(), "rewritten graphs")
-        storages = {name: make_storage(program.layout(name), world) for name in program.storage_refs()}
+        storages = {name: make_storage(program.layout(name), world, self.picasso.config)
+                    for name in program.storage_refs()}
         self.picasso.program, self.picasso.storages = program, storages
+        check_ids = self.picasso.config.check_ids
         sharded = [storages[t.name] for t in program.tables or () if t.kind == RowShardedTables.kind]
-        exchange = RowExchange(sharded, world, self.picasso.config.check_ids) if sharded else None
-        self._forward = {training: RewrittenForward(program.graphs[name], storages, exchange)
+        hashed = [storages[t.name] for t in program.tables or () if t.kind == HybridHashTables.kind]
+        exchange = RowExchange(sharded, world, check_ids) if sharded else None
+        fetch = {training: exchange or (HashRowFetch(hashed, training, check_ids) if hashed else None)
+                 for training in (True, False)}
+        self._forward = {training: RewrittenForward(program.graphs[name], storages, fetch[training])
                          for training, name in ((True, "training"), (False, "inference"))}
         analysis = program.analyses["training"]
         storage_tables = [v for s in storages.values() for v in s.variables()]
@@ -213,14 +219,21 @@ class PicassoModel(tf.keras.Model):
                 # every slot, the fused updates' too, sits where the plain model's has it.
                 optimizer.build(self.original.trainable_variables)
         fused, note = make_fused_update(optimizer, storages, self.picasso.config)
+        hashed = [s for s in storages if s.kind == HybridHashTables.kind]
+        if hashed and fused is None:
+            raise UnsupportedModelError(f"picasso_tf: hybrid_hash=True needs the fused row-sparse updates, and {note}")
+        for storage in hashed:
+            storage.bind(fused.optimizer)
         note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
         # The model's own list decides (a trainable=False layer keeps trainable variables).
         training = {v.ref() for v in self.original.trainable_variables}
         shards = [v for s in storages if s.kind == RowShardedTables.kind and s.layout.trainable for v in s.variables()]
         trainable = [v for v in self._forward[True].variables if v.ref() in training] + shards
+        fetch = self._forward[True].fetch
+        fetched_rows = fetch.take if isinstance(fetch, HashRowFetch) else (lambda: [])
         return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read,
-                            world=self.picasso.world, sharded=shards), note
+                            world=self.picasso.world, sharded=shards, fetched_rows=fetched_rows), note
 
     def _ensure_rewritten(self, inputs):
         if self._forward is None:
@@ -277,12 +290,23 @@ class PicassoModel(tf.keras.Model):
         loss = self.compute_loss(x, y, y_pred, sample_weight)
         updated = self._training_step().run(self.optimizer, loss)
         self.picasso.updated_in_gradient = [v.name for v in updated]
-        return self.compute_metrics(x, y, y_pred, sample_weight)
+        logs = self.compute_metrics(x, y, y_pred, sample_weight)
+        fetch = self._forward[True].fetch
+        hit_ratio = fetch.hit_ratio() if isinstance(fetch, HashRowFetch) else None
+        if hit_ratio is not None:
+            logs["hot_hit_ratio"] = hit_ratio    # the progress bar and TensorBoard show it
+        return logs
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         if save_type != "checkpoint":
             return super()._trackable_children(save_type, **kwargs)
         # The plain model's checkpoint: its layers' variables and the optimizer, at its keys.
+        # A tf.train.Checkpoint of the model reads them: storage that holds rows elsewhere
+        # and can write them back alone (not a collective across ranks) does so first.
+        if tf.executing_eagerly():
+            for storage in self.picasso.storages.values():
+                if not storage.collective:
+                    storage.write_back()
         children = dict(self.original._trackable_children(save_type, **kwargs))
         if self.optimizer is not None:
             children["optimizer"] = self.optimizer
@@ -313,6 +337,10 @@ class PicassoModel(tf.keras.Model):
         status = super().load_weights(*args, **kwargs)
         self.picasso.read_back()
         return status
+
+    def set_weights(self, weights):
+        super().set_weights(weights)
+        self.picasso.read_back()
 
     # Under hybrid parallelism every rank must run the same number of steps: a rank that
     # stopped early would leave the others waiting in a collective. Given a step count

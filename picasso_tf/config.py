@@ -43,7 +43,15 @@ class Config:
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
       without data the statistics come from the input shapes (uniform ids).
     hybrid_hash, distribute, interleaving: the caching, hybrid-parallel and interleaving
-      passes; their slots run in order and report what they did.
+      passes; their slots run in order and report what they did. hybrid_hash=True keeps
+      the packed groups that only fused lookups read in a hash table keyed by row id
+      (picasso_tf.embedding.hybrid_hash), trained as the tables would be; models
+      compiled with SGD (no momentum) or Adagrad, one process, one micro-batch.
+    hot_storage_bytes: HybridHash's hot tier (Algorithm 1): bytes for the rows (with
+      their optimizer slot) looked up most often, over all hash-backed groups, shared
+      in proportion to their parameter volume (Eq. 1); 0: no hot tier.
+    hot_warmup_steps, hot_refresh_every: the hot set is chosen from the lookup counts
+      after the warm-up steps, and again every hot_refresh_every steps.
     replicate_tables_below: under Horovod with several ranks, a packed group with fewer
       bytes than this stays whole on every rank (its gradient joins the dense Allreduce)
       instead of being sharded. The exchange costs each step a fixed amount of CPU (three
@@ -112,6 +120,9 @@ class Config:
     max_shards: int = 4
     warmup_batches: int = 8
     hybrid_hash: bool = False
+    hot_storage_bytes: int = 64 << 20
+    hot_warmup_steps: int = 100
+    hot_refresh_every: int = 100
     distribute: bool = True
     replicate_tables_below: int = 16 << 20
     interleaving: bool = True
@@ -142,6 +153,11 @@ class Config:
                              f"{self.interleave_excluded!r}")
         if self.replicate_tables_below < 0:
             raise ValueError(f"replicate_tables_below is a size in bytes, >= 0; got {self.replicate_tables_below}")
+        if self.hot_storage_bytes < 0:
+            raise ValueError(f"hot_storage_bytes is a size in bytes, >= 0; got {self.hot_storage_bytes}")
+        if self.hot_warmup_steps < 0 or self.hot_refresh_every < 1:
+            raise ValueError(f"hot_warmup_steps must be >= 0 and hot_refresh_every >= 1; got "
+                             f"{self.hot_warmup_steps} and {self.hot_refresh_every}")
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
         if not 0.0 <= self.projection_max_distinct <= 1.0:

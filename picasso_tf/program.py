@@ -6,8 +6,8 @@ TensorFlow state: the tables it names are created by the runtime's storage
   graphs      "training" and "inference": CapturedGraphs (GraphDef, inputs, outputs,
               captures). A placeholder captured as a StorageRef reads a table of a
               group's storage; one captured as a tf.Variable reads the variable;
-              under hybrid parallelism, FetchedRows and ExchangedIds placeholders
-              take the rows and ids of the step's exchange.
+              for groups whose rows are fetched per step (row-sharded, hash-backed),
+              FetchedRows and ExchangedIds placeholders take the fetched rows and ids.
   analyses    per graph, its embedding sites as captured (once K-packing has run, a
               graph's fused lookups are described by `lookups`, not by sites)
   statistics  ids per example and distinct-id shares (warm-up data or input shapes)
@@ -51,6 +51,7 @@ class TableLayout:
     densely_read: bool = False    # some member table is also read whole: its gradient is dense
     trainable: bool = True        # False: frozen tables, packed apart, never updated
     kind: str = "tables"          # the storage kind (picasso_tf.embedding.storage.make_storage)
+    hot_rows: int = 0             # hash-backed kind: rows its hot tier holds (picasso_tf.embedding.hot_tier)
 
     @property
     def num_rows(self):
@@ -67,7 +68,7 @@ class TableLayout:
 
     def describe(self):
         return {"group": self.name, "dim": self.dim, "dtype": self.dtype.name, "rows": self.num_rows,
-                "param_volume": round(self.param_volume, 3), "kind": self.kind,
+                "param_volume": round(self.param_volume, 3), "kind": self.kind, "hot_rows": self.hot_rows,
                 "tables": [m.name for m in self.members]}
 
 
@@ -81,17 +82,17 @@ class StorageRef:
 
 @dataclasses.dataclass(frozen=True)
 class FetchedRows:
-    """A captured placeholder's value under hybrid parallelism: the rows of table group
-    `group` that this step's batch looks up, fetched from the ranks holding them
-    (picasso_tf.distributed.exchange); ExchangedIds index them."""
+    """A captured placeholder's value: the rows of table group `group` that this step's
+    batch looks up, fetched from the storage holding them (the ranks of hybrid
+    parallelism, picasso_tf.distributed.exchange, or a hash table,
+    picasso_tf.embedding.hybrid_hash); ExchangedIds index them."""
     group: str
 
 
 @dataclasses.dataclass(frozen=True)
 class ExchangedIds:
-    """A captured placeholder's value under hybrid parallelism: the ids that tensor
-    `ids` of the graph looks up in member table `member` of group `group`, as
-    positions in that group's FetchedRows."""
+    """A captured placeholder's value: the ids that tensor `ids` of the graph looks up
+    in member table `member` of group `group`, as positions in that group's FetchedRows."""
     group: str
     member: int
     ids: str            # the tensor of the graph holding the original ids

@@ -199,10 +199,11 @@ def test_unreadable_paths(tmp_path, capsys):
 
 
 def test_refusal_from_picasso_optimize(tmp_path, capsys):
-    # hybrid_hash is a valid option that optimize refuses (not built yet): one line, not a traceback
+    # valid options that optimize refuses together: one line, not a traceback
     line = fails(capsys, "--model", "lr", *TINY, "--mode", "picasso", *FAST, "--logdir", str(tmp_path),
-                 "--picasso-option", "hybrid_hash=true")
-    assert "picasso_tf.optimize refused --model lr with --picasso-option hybrid_hash=true: " in line
+                 "--picasso-option", "hybrid_hash=true", "--picasso-option", "micro_batches=2")
+    assert "picasso_tf.optimize refused --model lr with --picasso-option hybrid_hash=true" in line
+    assert "micro_batches=2" in line
     assert "no_such_option" in fails(capsys, *TINY, "--picasso-option", "no_such_option=1")
 
 

@@ -22,11 +22,9 @@ gradient of the owner's gather, and becomes the shard variables' row-sparse grad
 import tensorflow as tf
 
 from picasso_tf.distributed.world import hvd
+from picasso_tf.embedding.row_keys import check_table_count, keys_of, positions_of, row_id, table_number
 from picasso_tf.ops.packed_lookup import packed_lookup
 from picasso_tf.ops.read_tables import read_tables
-
-ID_BITS = 40            # ids below 2**40; the table number takes the bits above
-ID_MASK = (1 << ID_BITS) - 1
 
 
 class RowExchange:
@@ -39,8 +37,7 @@ class RowExchange:
         for g, storage in enumerate(self.storages):
             self.first_table[storage.name] = len(tables)
             tables += [(g, m) for m in range(len(storage.layout.members))]
-        if len(tables) >= 1 << (63 - ID_BITS):
-            raise ValueError(f"picasso_tf: {len(tables)} sharded tables; at most {1 << (63 - ID_BITS)} can be exchanged")
+        check_table_count(len(tables))
         self.group_of_table = tf.constant([g for g, _ in tables], tf.int32)
         self.member_of_table = tf.constant([m for _, m in tables], tf.int32)
 
@@ -50,8 +47,8 @@ class RowExchange:
         size, groups = self.world.size, len(self.storages)
         keys, remap, counts = [], [], []
         for storage in self.storages:
-            own = [(i, x, ids) for i, (x, ids) in enumerate(requests) if x.group == storage.name]
-            k, positions, c = self._request(storage, own)
+            own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
+            k, positions, c = self._request(storage, [requests[i] for i in own])
             keys.append(k)
             remap.append((own, positions))
             counts.append(c)
@@ -69,57 +66,33 @@ class RowExchange:
                 for g, storage in enumerate(self.storages)}
         positions = [None] * len(requests)
         for own, site_positions in remap:
-            for (i, _, ids), p in zip(own, site_positions):
-                positions[i] = tf.reshape(tf.cast(p, ids.dtype), tf.shape(ids))
+            for i, p in zip(own, site_positions):
+                positions[i] = p
         return rows, positions
 
-    def _request(self, storage, own):
+    def _request(self, storage, requests):
         """One group's deduplicated keys per owner, each request's positions in the
         group's fetched rows, and the number of keys per owner."""
         size = self.world.size
-        first = self.first_table[storage.name]
-        flat = [tf.reshape(tf.cast(ids, tf.int64), [-1]) for _, _, ids in own]
-        if not flat:
+        if not requests:
             empty = tf.zeros([0], tf.int64)
             return [empty] * size, [], tf.zeros([size], tf.int32)
-        if self.check_ids:
-            flat = self._checked(storage, own, flat)
-        keys = tf.concat([tf.bitwise.bitwise_or(ids, tf.constant((first + x.member) << ID_BITS, tf.int64))
-                          for (_, x, _), ids in zip(own, flat)], 0)
+        keys, sizes = keys_of(storage.layout, requests, self.first_table[storage.name], self.check_ids)
         unique, index = tf.unique(keys)
-        owner = tf.cast(_row_id(unique) % size, tf.int32)
+        owner = tf.cast(row_id(unique) % size, tf.int32)
         by_owner = tf.dynamic_partition(unique, owner, size)
         order = tf.dynamic_partition(tf.range(tf.size(unique)), owner, size)
         # Fetched rows come back owner by owner: a key's row lands at its place in that order.
         place = tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)
-        positions = tf.split(place, [tf.size(ids) for ids in flat], num=len(flat))
         counts = tf.stack([tf.size(part) for part in by_owner])
-        return by_owner, positions, counts
-
-    def _checked(self, storage, own, flat):
-        """The ids, with an error naming the feature and the id unless every id lies in
-        its table (an id outside would be fetched from a wrong row or rank)."""
-        ids = tf.concat(flat, 0)
-        rows = tf.concat([tf.fill([tf.size(f)], tf.constant(storage.layout.members[x.member].rows, tf.int64))
-                          for (_, x, _), f in zip(own, flat)], 0)
-        site = tf.concat([tf.fill([tf.size(f)], i) for i, f in enumerate(flat)], 0)
-        bad = tf.logical_or(ids < 0, ids >= rows)
-        first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32)
-        features = tf.constant([x.feature for _, x, _ in own])
-        check = tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(bad)),
-            ["picasso_tf: ids of feature", tf.gather(features, tf.gather(site, first)), "must lie in [0,",
-             tf.gather(rows, first), "): got", tf.gather(ids, first),
-             "; raise the feature's vocabulary size or hash its ids into that range"], summarize=1)
-        with tf.control_dependencies([check]):
-            return [tf.identity(f) for f in flat]
+        return by_owner, positions_of(requests, place, sizes), counts
 
     def _serve(self, received, received_splits):
         """The rows of the keys other ranks asked this one for, laid out as they sent
         them, and the number of floats per rank."""
         size, groups = self.world.size, len(self.storages)
         unique, index = tf.unique(received)
-        table = _table_number(unique)
+        table = table_number(unique)
         group = tf.gather(self.group_of_table, table)
         by_group = tf.dynamic_partition(unique, group, groups)
         order = tf.dynamic_partition(tf.range(tf.size(unique)), group, groups)
@@ -143,8 +116,8 @@ class RowExchange:
     def _lookup(self, storage, keys):
         """The rows of one group's (unique) keys from this rank's shards, in their order."""
         members = len(storage.layout.members)
-        member = tf.gather(self.member_of_table, _table_number(keys))
-        local = _row_id(keys) // self.world.size
+        member = tf.gather(self.member_of_table, table_number(keys))
+        local = row_id(keys) // self.world.size
         ids = tf.dynamic_partition(local, member, members)
         order = tf.dynamic_partition(tf.range(tf.size(keys)), member, members)
         shards = storage.variables()
@@ -154,10 +127,3 @@ class RowExchange:
                              table_index=list(range(members)))
         return tf.dynamic_stitch(order, rows)
 
-
-def _row_id(keys):
-    return tf.bitwise.bitwise_and(keys, tf.constant(ID_MASK, tf.int64))
-
-
-def _table_number(keys):
-    return tf.cast(tf.bitwise.right_shift(keys, tf.constant(ID_BITS, tf.int64)), tf.int32)

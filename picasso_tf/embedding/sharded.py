@@ -21,6 +21,7 @@ from picasso_tf.ops import sparse_apply
 class RowShardedTables(EmbeddingStorage):
 
     kind = "sharded"
+    collective = True
 
     def __init__(self, layout, world):
         super().__init__(layout)

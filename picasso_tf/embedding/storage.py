@@ -19,11 +19,12 @@ Kinds plug in at ``make_storage``. "tables" is the first: the group's original
 tables read in place, with the Keras optimizer's own slot variables, so a wrapped
 model holds every row once and checkpoints exactly as the plain model does.
 "sharded" (picasso_tf.embedding.sharded, hybrid parallelism) holds this rank's rows
-and serves the other ranks' lookups through the step's exchange. A hash-backed kind
-(HybridHash: a hot tier plus a DRAM hash map) will hand the kernels its hot tier and
-remap ids. Kinds whose state is not the original variables keep the checkpoint the
-plain model's through the original variables (the sharded kind writes its rows back
-into them before a save and reads them back after a restore). The passes choose a layout's kind
+and serves the other ranks' lookups through the step's exchange. "hybrid_hash"
+(picasso_tf.embedding.hybrid_hash) holds the rows in a hash table keyed by id: the
+step fetches the batch's rows from it and updates them with ``apply_fetched``. Kinds
+whose state is not the original variables keep the checkpoint the plain model's
+through the original variables (they write their rows back into them before a save
+and read them back after a restore). The passes choose a layout's kind
 (``TableLayout.kind``); they never create its state.
 """
 from picasso_tf.ops import sparse_apply
@@ -31,6 +32,8 @@ from picasso_tf.ops import sparse_apply
 
 class EmbeddingStorage:
     """The state of one TableLayout (see the module docstring)."""
+
+    collective = False      # write_back and read_back are collectives: every rank calls them together
 
     def __init__(self, layout):
         self.layout = layout
@@ -84,12 +87,16 @@ class TablesInPlace(EmbeddingStorage):
         pass
 
 
-def make_storage(layout, world):
-    """The storage of a TableLayout, of the kind the passes chose, for this rank of `world`."""
-    from picasso_tf.embedding.sharded import RowShardedTables   # it builds on this module
+def make_storage(layout, world, config):
+    """The storage of a TableLayout, of the kind the passes chose, for this rank of
+    `world`, with the options of `config` (a picasso_tf.Config)."""
+    from picasso_tf.embedding.hybrid_hash import HybridHashTables   # they build on this module
+    from picasso_tf.embedding.sharded import RowShardedTables
     if layout.kind == TablesInPlace.kind:
         return TablesInPlace(layout)
     if layout.kind == RowShardedTables.kind:
         return RowShardedTables(layout, world)
+    if layout.kind == HybridHashTables.kind:
+        return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every)
     raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; "
-                     f"the kinds are {[TablesInPlace.kind, RowShardedTables.kind]}")
+                     f"the kinds are {[TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind]}")

@@ -20,6 +20,7 @@ import itertools
 import threading
 
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from picasso_tf.ops.library import load
 
@@ -91,9 +92,12 @@ class HashTable:
 
     def __del__(self):
         # Frees the rows when the last Python reference goes (tables are large).
+        # The collector may run this while a tf.function is traced: the op must run
+        # eagerly, not be added to that graph (whose lock the tracing thread holds).
         try:
             if self._eager:
-                tf.raw_ops.DestroyResourceOp(resource=self.handle, ignore_lookup_error=True)
+                with context.eager_mode():
+                    tf.raw_ops.DestroyResourceOp(resource=self.handle, ignore_lookup_error=True)
         except Exception:  # interpreter shutdown: nothing left to free
             pass
 

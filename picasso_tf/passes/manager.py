@@ -13,9 +13,9 @@ import tensorflow as tf
 from picasso_tf.passes.d_packing import d_packing
 from picasso_tf.passes.interactions import interactions
 from picasso_tf.passes.k_packing import k_packing
-from picasso_tf.passes.interleaving import k_interleave
 from picasso_tf.passes.distribute import distribute
-from picasso_tf.passes.later import hybrid_hash
+from picasso_tf.passes.hybrid_hash import hybrid_hash
+from picasso_tf.passes.interleaving import k_interleave
 from picasso_tf.program import StorageRef
 
 # In the order they run (ARCHITECTURE.md §2).

@@ -13,7 +13,8 @@ The step's stages, in order (ARCHITECTURE.md §2):
               picasso_tf.runtime.micro_batches; with one there is nothing to sum)
   exchange    collectives (Horovod: tables' row gradients to their owners over
               AllToAllv, dense gradients in one grouped Allreduce; one process: none)
-  apply       fused row-sparse updates on the storage, the Keras optimizer for the rest
+  apply       fused row-sparse updates on the storage (a hash storage's fetched rows by
+              its own ops), the Keras optimizer for the rest
 
 When nothing stands between backward and apply (one micro-batch, one process) the
 step may fuse them: the stitched lookups' and projections' gradient kernels then
@@ -34,19 +35,20 @@ from picasso_tf.runtime.fused_update import InGradientUpdates
 
 class RewrittenForward:
     """Calls a rewritten CapturedGraph on a batch of features; `storages` (group name
-    -> EmbeddingStorage) feed its StorageRef placeholders. Under hybrid parallelism
-    `exchange` (picasso_tf.distributed.exchange.RowExchange) feeds its FetchedRows and
-    ExchangedIds placeholders: the graph's ids are computed first, the rows fetched,
-    and then the rest of the graph runs."""
+    -> EmbeddingStorage) feed its StorageRef placeholders. For the groups whose rows are
+    fetched per step, `fetch` (the exchange of hybrid parallelism,
+    picasso_tf.distributed.exchange.RowExchange, or the hash storage's HashRowFetch)
+    feeds its FetchedRows and ExchangedIds placeholders: the graph's ids are computed
+    first, the rows fetched, and then the rest of the graph runs."""
 
-    def __init__(self, captured, storages, exchange=None):
+    def __init__(self, captured, storages, fetch=None):
         self.captured = captured
         self.captures = {name: storages[v.group].kernel_inputs()[v.member] if isinstance(v, StorageRef) else v
                          for name, v in captured.captures.items()
                          if not isinstance(v, (FetchedRows, ExchangedIds))}
         self.requests = {name: v for name, v in captured.captures.items() if isinstance(v, ExchangedIds)}
         self.fetched = {name: v for name, v in captured.captures.items() if isinstance(v, FetchedRows)}
-        self.exchange = exchange if self.requests else None
+        self.fetch = fetch if self.requests else None
 
     def __call__(self, inputs):
         c = self.captured
@@ -54,8 +56,8 @@ class RewrittenForward:
         names = outs + masks + logits + ([c.regularization_loss] if c.regularization_loss else [])
         inputs = conform_inputs(c.input_specs, inputs)
         captures = dict(self.captures)
-        if self.exchange is not None:
-            captures.update(self._exchanged(inputs))
+        if self.fetch is not None:
+            captures.update(self._fetched(inputs))
         tensors = import_forward(c.graph_def, c.input_tensors, inputs, captures, names)
         flat_outputs = tensors[:len(outs)]
         mask_values = iter(tensors[len(outs):len(outs) + len(masks)])
@@ -69,8 +71,8 @@ class RewrittenForward:
         reg = tensors[-1] if c.regularization_loss else None
         return outputs, reg
 
-    def _exchanged(self, inputs):
-        """What the exchange placeholders take: the part of the graph computing the ids
+    def _fetched(self, inputs):
+        """What the FetchedRows and ExchangedIds placeholders take: the part of the graph computing the ids
         runs first (its results then feed the whole graph's copy of it), the rows are
         fetched, and each site's ids become positions in its group's rows."""
         c = self.captured
@@ -83,22 +85,24 @@ class RewrittenForward:
                                 name="picasso_ids")
         by_name = dict(zip(ids + consumed, values))
         names = list(self.requests)
-        rows, positions = self.exchange.fetch([(self.requests[n], by_name[self.requests[n].ids]) for n in names])
+        rows, positions = self.fetch.fetch([(self.requests[n], by_name[self.requests[n].ids]) for n in names])
         return {**{t: by_name[t] for t in consumed}, **dict(zip(names, positions)),
                 **{name: rows[v.group] for name, v in self.fetched.items()}}
 
     @property
     def variables(self):
         captured = [v for v in self.captures.values() if isinstance(v, tf.Variable)]
-        return captured + ([v for s in self.exchange.storages for v in s.variables()] if self.exchange else [])
+        return captured + ([v for s in self.fetch.storages for v in s.variables()] if self.fetch else [])
 
 
 @dataclasses.dataclass
 class Gradients:
-    """One step's gradients: the storages' (for the fused update) and the rest (for the
-    Keras optimizer), and the tables a gradient kernel already updated."""
+    """One step's gradients: the storages' (for the fused update), the rest (for the
+    Keras optimizer), the hash storages' (storage, distinct keys, their summed row
+    gradients), and the tables a gradient kernel already updated."""
     tables: List[tuple]
     dense: List[tuple]
+    fetched: List[tuple] = dataclasses.field(default_factory=list)
     updated_in_gradient: List[tf.Variable] = dataclasses.field(default_factory=list)
     update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)
 
@@ -109,14 +113,18 @@ class TrainingStep:
     trainable: the variables the forward pass reads that train; table_variables: every
     embedding table (original or storage) whose gradient must stay row-sparse, except
     those in densely_read (the model reads them whole, so their gradient is dense in the
-    original model too); fused: the FusedTableUpdate of the storages, or None."""
+    original model too); fused: the FusedTableUpdate of the storages, or None;
+    fetched_rows: what HashRowFetch.take gives, the hash storages' rows fetched by the
+    forward pass being traced, whose gradients update them."""
 
-    def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=()):
+    def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=(),
+                 fetched_rows=lambda: []):
         self.trainable = list(trainable)
         self.tables = {v.ref() for v in table_variables} - {v.ref() for v in densely_read}
         self.fused = fused
         self.world = world
         self.sharded = {v.ref() for v in sharded}   # shard variables: their gradients reach their owner
+        self.fetched_rows = fetched_rows
 
     def run(self, optimizer, loss):
         """Adds the step's updates; returns the tables updated inside their gradient kernels."""
@@ -129,8 +137,10 @@ class TrainingStep:
 
     def backward(self, loss, iteration, fuse_apply=False):
         in_gradient = InGradientUpdates(self.fused, iteration) if fuse_apply else None
+        fetched = self.fetched_rows()
         with update_tables_in_gradient(in_gradient):
-            grads = tf.gradients(loss, self.trainable)
+            grads = tf.gradients(loss, self.trainable + [rows for _, _, rows in fetched])
+        grads, fetched_grads = grads[:len(self.trainable)], grads[len(self.trainable):]
         pairs = []
         for var, grad in zip(self.trainable, grads):
             if var.ref() in self.tables and grad is not None and not isinstance(grad, tf.IndexedSlices):
@@ -140,6 +150,8 @@ class TrainingStep:
                 pairs.append((grad, var))
         fused = self.fused.handles if self.fused is not None else (lambda var: False)
         return Gradients(tables=[(g, v) for g, v in pairs if fused(v)], dense=[(g, v) for g, v in pairs if not fused(v)],
+                         fetched=[(storage, keys, _per_key(g, keys, rows))
+                                  for (storage, keys, rows), g in zip(fetched, fetched_grads)],
                          updated_in_gradient=in_gradient.variables if in_gradient else [],
                          update_ops=in_gradient.ops if in_gradient else [])
 
@@ -178,7 +190,9 @@ class TrainingStep:
             return
         # The fused updates read optimizer.iterations before Keras increments it, so both
         # halves of the step use the same step count.
-        update = tf.group([self.fused.apply(gradients.tables, optimizer.iterations)] + gradients.update_ops)
+        update = tf.group([self.fused.apply(gradients.tables, optimizer.iterations)] + gradients.update_ops +
+                          [storage.apply_fetched(keys, grads, optimizer.iterations)
+                           for storage, keys, grads in gradients.fetched])
         with tf.control_dependencies([update]):
             # As Keras does after its update: a variable's constraint (e.g. MaxNorm rows).
             updated = [v for _, v in gradients.tables] + gradients.updated_in_gradient
@@ -213,3 +227,13 @@ def _sum(grads):
         values = tf.math.unsorted_segment_sum(tf.concat([g.values for g in grads], 0), position, tf.size(rows))
         return tf.IndexedSlices(values, rows, grads[0].dense_shape)
     return tf.add_n([tf.convert_to_tensor(g) for g in grads])
+
+
+def _per_key(grad, keys, rows):
+    """The gradient of fetched rows as one summed row per key ([keys, dim]); zeros for
+    rows the loss does not reach."""
+    if grad is None:
+        return tf.zeros_like(rows)
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.size(keys))
+    return grad

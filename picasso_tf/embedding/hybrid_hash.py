@@ -1,0 +1,236 @@
+"""The hash-backed storage kind (HybridHash, hybrid_hash=True): a group's rows and their
+optimizer slots live in one hash table (picasso_tf.ops.hybrid_hash, the cold tier),
+keyed by (member << ID_BITS) | row id (picasso_tf.embedding.row_keys).
+
+The kernels do not read it in place: each step HashRowFetch finds the rows of the
+batch's distinct keys (counting their accesses) and the rewritten lookups read those;
+the step takes the loss's gradient with respect to the fetched rows (one summed row per
+key) and ``apply_fetched`` updates the table with the hash table's own optimizer ops.
+They implement SGD without momentum and Adagrad, whose updates touch only the rows with
+a gradient; `bind` refuses other optimizers by name.
+
+The table starts as a copy of the original tables (every row, keyed by its id), so
+training is the same as with the tables read in place. The original variables stay the
+model's checkpoint: ``write_back`` copies the rows (and the Adagrad accumulators, into
+the Keras optimizer's slots) into them, ``read_back`` imports them again. Until the
+original tables are released the group's rows are held twice.
+"""
+import numpy as np
+import tensorflow as tf
+
+from picasso_tf.embedding.hot_tier import HotTier
+from picasso_tf.embedding.row_keys import ID_BITS, keys_of, positions_of
+from picasso_tf.embedding.storage import EmbeddingStorage
+from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.ops import sparse_apply
+from picasso_tf.ops.hybrid_hash import HashTable
+
+# The optimizer kernels (sparse_apply.Update.optimizer) the hash table has ops for.
+HASH_UPDATES = ("sgd", "adagrad")
+
+
+class HybridHashTables(EmbeddingStorage):
+
+    kind = "hybrid_hash"
+
+    def __init__(self, layout, warmup=0, refresh_every=1):
+        super().__init__(layout)
+        with tf.init_scope():
+            self.table = HashTable(layout.dim, num_slots=1, initializer="zeros", initial_capacity=layout.num_rows)
+            # Counts the updates, so that write_back knows whether the originals are behind.
+            self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"picasso_hash_updates/{layout.name}")
+        self.hot = (HotTier(layout.hot_rows, layout.dim, warmup, refresh_every, layout.name)
+                    if layout.hot_rows else None)
+        self.optimizer = None       # the RowSparseOptimizer it was bound to
+        self._slots = []            # per member, the Keras optimizer's slot variable, or None
+        self._written_at = None     # self.updates when the originals last held the rows
+        self.read_back()
+
+    def kernel_inputs(self):
+        return []       # every lookup of the group reads the rows fetched per step
+
+    def variables(self):
+        return []
+
+    def keys(self):
+        """Every row's key, in the order of the members' rows (increasing)."""
+        return np.concatenate([(m << ID_BITS) | np.arange(member.rows, dtype=np.int64)
+                               for m, member in enumerate(self.layout.members)])
+
+    def rows(self, keys, training):
+        """(The rows of the distinct `keys`, how many were hot): hot ones from the hot
+        tier, the others from the table. In training every lookup is counted (Algorithm
+        1's FCounter)."""
+        if self.hot is None:
+            return (self.table.find_or_insert(keys) if training else self.table.lookup(keys)[0]), None
+        hit, position = self.hot.locate(keys)
+        hot, cold = tf.where(hit)[:, 0], tf.where(tf.logical_not(hit))[:, 0]
+        cold_keys = tf.gather(keys, cold)
+        counted = [self.hot.count(keys, hit, position)] if training else []
+        with tf.control_dependencies(counted):
+            cold_rows = self.table.find_or_insert(cold_keys) if training else self.table.lookup(cold_keys)[0]
+            hot_rows = tf.gather(self.hot.rows, tf.gather(position, hot))
+        rows = tf.dynamic_stitch([tf.cast(hot, tf.int32), tf.cast(cold, tf.int32)], [hot_rows, cold_rows])
+        return rows, tf.size(hot, out_type=tf.int64)
+
+    def bind(self, optimizer):
+        """Ties the table's slots to `optimizer` (a RowSparseOptimizer) before a
+        training step is traced: refuses an optimizer the hash table cannot apply, and
+        makes the table's slots hold the Keras optimizer's."""
+        if optimizer is self.optimizer:
+            return
+        with tf.init_scope():
+            update = self._update(optimizer, tf.constant(0, tf.int64))
+        keras_name = type(optimizer.optimizer).__name__
+        if update.optimizer not in HASH_UPDATES or (update.optimizer == "sgd" and optimizer.slot_names):
+            raise UnsupportedModelError(
+                f"picasso_tf: hybrid_hash=True stores group {self.name} in a hash table, which is updated by SGD "
+                f"without momentum or Adagrad only; the model is compiled with {keras_name}. Compile with one of "
+                "those, or optimize(..., hybrid_hash=False)")
+        if not _is_zero(update.hyper.get("weight_decay", 0.0)):
+            raise UnsupportedModelError(
+                f"picasso_tf: hybrid_hash=True: the {keras_name} optimizer decays weights "
+                f"(weight_decay={optimizer.optimizer.weight_decay}), which the hash table's updates do not; set "
+                "weight_decay=None, exclude the embeddings from it, or optimize(..., hybrid_hash=False)")
+        with tf.init_scope():
+            self.write_back()       # the rows trained so far, and the previous optimizer's slots
+            self.optimizer = optimizer
+            self._slots = [next(iter(optimizer.keras_slots(m.variable).values()), None)
+                           for m in self.layout.members]
+            self.read_back()
+
+    def apply_fetched(self, keys, row_grads, iteration):
+        """Updates the rows of the distinct `keys` from their summed gradients (in the
+        tier each is in), then refreshes the hot set when it is due."""
+        cold_keys, cold_grads, applied = keys, row_grads, []
+        if self.hot is not None:
+            hit, position = self.hot.locate(keys)
+            slots = {"accumulator": self.hot.slot} if self.optimizer.slot_names else {}
+            update = self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False)
+            applied.append(sparse_apply.apply(self.hot.rows, tf.boolean_mask(position, hit),
+                                              tf.boolean_mask(row_grads, hit), update, lazy=True))
+            miss = tf.logical_not(hit)
+            cold_keys, cold_grads = tf.boolean_mask(keys, miss), tf.boolean_mask(row_grads, miss)
+        update = self._update(self.optimizer, iteration)
+        if update.optimizer == "sgd":
+            applied.append(self.table.apply_sgd(cold_keys, cold_grads, update.hyper["lr"]))
+        else:
+            applied.append(self.table.apply_adagrad(cold_keys, cold_grads, update.hyper["lr"],
+                                                    update.hyper["epsilon"]))
+        with tf.control_dependencies(applied):
+            counted = self.updates.assign_add(1)
+        if self.hot is None:
+            return counted
+        with tf.control_dependencies([counted]):
+            return tf.cond(self.hot.due(tf.convert_to_tensor(iteration, tf.int64)), self._refresh, tf.no_op)
+
+    def _update(self, optimizer, iteration):
+        # The update's hyper-parameters, as the fused updates compute them (its slots: placeholders).
+        return optimizer.update(self.layout.members[0].variable, {s: None for s in optimizer.slot_names}, iteration,
+                                apply_weight_decay=optimizer.applies_weight_decay_to(self.layout.members[0].variable))
+
+    def _current(self):
+        """Every key's (values, slot, counts, last steps), keys increasing: the table's,
+        with the hot tier's rows where they are hot."""
+        exported = self.table.export()
+        values, slot, counts = exported.values, exported.slots[0], exported.counts
+        if self.hot is not None:
+            values, slot, counts = self.hot.current(exported.keys, values, slot, counts)
+        return exported.keys, values, slot, counts, exported.last_steps
+
+    def _refresh(self):
+        """Algorithm 1, L23-26: the hot rows and counts go back to the table, and the
+        keys with the highest counts become the hot set."""
+        keys, values, slot, counts, last_steps = self._current()
+        imported = self.table.import_(keys, values, slot[None], counts, last_steps)
+        with tf.control_dependencies([imported]):
+            return self.hot.load(keys, values, slot, self.hot.hottest(counts))
+
+    def write_back(self):
+        """Copies the rows and slots into the originals, unless they hold them already
+        (so that a write-back after a restore does not undo it)."""
+        if self._written_at == int(self.updates.numpy()):
+            return
+        keys, values, slot, _, _ = self._current()
+        if int(tf.size(keys)) != self.layout.num_rows:
+            raise AssertionError(f"picasso_tf: hash storage {self.name} holds {int(tf.size(keys))} rows, "
+                                 f"not its tables' {self.layout.num_rows}; please report this model")
+        sizes = [m.rows for m in self.layout.members]
+        # Keys sort member by member, row by row: the rows are the tables concatenated.
+        for member, rows, keras_slot, slot_rows in zip(self.layout.members, tf.split(values, sizes),
+                                                       self._slots or [None] * len(sizes), tf.split(slot, sizes)):
+            member.variable.assign(rows)
+            if keras_slot is not None:
+                keras_slot.assign(slot_rows)
+        self._written_at = int(self.updates.numpy())
+
+    def read_back(self):
+        """Imports the originals' rows and slots; the hot tier keeps its keys (all of
+        them when it can hold every row) with their new rows."""
+        members = self.layout.members
+        keys = tf.constant(self.keys())
+        values = tf.concat([m.variable.value() for m in members], 0)
+        slot = tf.concat([s.value() if s is not None else tf.zeros([m.rows, self.layout.dim])
+                          for m, s in zip(members, self._slots or [None] * len(members))], 0)
+        if self.hot is None:
+            self.table.import_(keys, values, slot[None])
+        else:
+            counts = self._current()[3] if self._written_at is not None else tf.zeros_like(keys)
+            self.table.import_(keys, values, slot[None], counts)
+            every = self.hot.capacity >= self.layout.num_rows
+            self.hot.load(keys, values, slot, tf.range(tf.size(keys)) if every else self.hot.loaded(keys))
+        self._written_at = int(self.updates.numpy())
+
+
+class HashRowFetch:
+    """Feeds the FetchedRows and ExchangedIds placeholders of the hash-backed groups
+    `storages`: per group, the rows of the batch's distinct keys. In training they are
+    found with their accesses counted, and recorded (``take``) for the step's gradient."""
+
+    def __init__(self, storages, training, check_ids=True):
+        self.storages, self.training, self.check_ids = list(storages), training, check_ids
+        self._fetched, self._hits = [], []
+
+    def fetch(self, requests):
+        """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
+        [positions tensor per request, shaped and typed as its ids])."""
+        rows, positions = {}, [None] * len(requests)
+        for storage in self.storages:
+            own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
+            if not own:
+                rows[storage.name] = tf.zeros([0, storage.layout.dim], storage.layout.dtype)
+                continue
+            keys, sizes = keys_of(storage.layout, [requests[i] for i in own], 0, self.check_ids)
+            unique, index = tf.unique(keys)
+            rows[storage.name], hits = storage.rows(unique, self.training)
+            if self.training:
+                self._fetched.append((storage, unique, rows[storage.name]))
+                if hits is not None:
+                    self._hits.append((hits, tf.size(unique, out_type=tf.int64)))
+            for i, p in zip(own, positions_of([requests[i] for i in own], index, sizes)):
+                positions[i] = p
+        return rows, positions
+
+    def take(self):
+        """[(storage, distinct keys, their rows)] fetched for the training step being traced."""
+        taken, self._fetched = _of_this_graph(self._fetched), []
+        return taken
+
+    def hit_ratio(self):
+        """The share of the distinct keys of the training step being traced that its hot
+        tiers held; None without hot tiers."""
+        hits, self._hits = _of_this_graph(self._hits), []
+        if not hits:
+            return None
+        return tf.math.divide_no_nan(tf.cast(tf.add_n([h for h, _ in hits]), tf.float32),
+                                     tf.cast(tf.add_n([n for _, n in hits]), tf.float32))
+
+
+def _of_this_graph(records):
+    """The records (tuples ending in a tensor) made in the graph being built."""
+    graph = tf.compat.v1.get_default_graph()
+    return [r for r in records if r[-1].graph is graph]
+
+
+def _is_zero(value):
+    return isinstance(value, (int, float)) and value == 0

@@ -1,0 +1,64 @@
+"""The keys under which storage that fetches rows per step (the sharded and hash-backed
+kinds) knows a row of a group: (table number << ID_BITS) | row id, int64, where the table
+number counts the member tables of the groups fetched together.
+
+A request is one site's ids (an ExchangedIds placeholder's value, any shape); `keys_of`
+turns a group's requests into keys, checking that every id lies in its table, and
+`positions_of` turns each key's place among the fetched rows back into the requests'
+shapes, which the rewritten lookups read.
+"""
+import tensorflow as tf
+
+ID_BITS = 40            # ids below 2**40; the table number takes the bits above
+ID_MASK = (1 << ID_BITS) - 1
+
+
+def check_table_count(tables):
+    if tables >= 1 << (63 - ID_BITS):
+        raise ValueError(f"picasso_tf: {tables} tables fetched together; at most {1 << (63 - ID_BITS)} can be")
+
+
+def keys_of(layout, requests, first_table, check_ids=True):
+    """The keys of every id of `requests` ([(ExchangedIds, ids)] of the group `layout`,
+    whose member m is table number first_table + m), requests after one another, and
+    the number of ids in each request."""
+    flat = [tf.reshape(tf.cast(ids, tf.int64), [-1]) for _, ids in requests]
+    if check_ids:
+        flat = _checked(layout, requests, flat)
+    keys = tf.concat([tf.bitwise.bitwise_or(ids, tf.constant((first_table + x.member) << ID_BITS, tf.int64))
+                      for (x, _), ids in zip(requests, flat)], 0)
+    return keys, [tf.size(f) for f in flat]
+
+
+def positions_of(requests, place, sizes):
+    """Each request's positions among the fetched rows, shaped and typed as its ids,
+    from `place` (every key's position, requests after one another)."""
+    parts = tf.split(place, sizes, num=len(sizes))
+    return [tf.reshape(tf.cast(p, ids.dtype), tf.shape(ids)) for (_, ids), p in zip(requests, parts)]
+
+
+def row_id(keys):
+    return tf.bitwise.bitwise_and(keys, tf.constant(ID_MASK, tf.int64))
+
+
+def table_number(keys):
+    return tf.cast(tf.bitwise.right_shift(keys, tf.constant(ID_BITS, tf.int64)), tf.int32)
+
+
+def _checked(layout, requests, flat):
+    """The ids, with an error naming the feature and the id unless every id lies in
+    its table (an id outside would be fetched from a wrong row)."""
+    ids = tf.concat(flat, 0)
+    rows = tf.concat([tf.fill([tf.size(f)], tf.constant(layout.members[x.member].rows, tf.int64))
+                      for (x, _), f in zip(requests, flat)], 0)
+    site = tf.concat([tf.fill([tf.size(f)], i) for i, f in enumerate(flat)], 0)
+    bad = tf.logical_or(ids < 0, ids >= rows)
+    first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32)
+    features = tf.constant([x.feature for x, _ in requests])
+    check = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(bad)),
+        ["picasso_tf: ids of feature", tf.gather(features, tf.gather(site, first)), "must lie in [0,",
+         tf.gather(rows, first), "): got", tf.gather(ids, first),
+         "; raise the feature's vocabulary size or hash its ids into that range"], summarize=1)
+    with tf.control_dependencies([check]):
+        return [tf.identity(f) for f in flat]

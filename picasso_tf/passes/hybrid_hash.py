@@ -1,0 +1,60 @@
+"""HybridHash (paper §III-D): with hybrid_hash=True, the packed groups that only fused
+lookups read are kept in hash-backed storage (picasso_tf.embedding.hybrid_hash), keyed
+by row id and initialised from the original tables, so training is the same as with the
+tables read in place. Each step fetches the rows its batch looks up from the storage
+(picasso_tf.passes.fetched_rows) and the fused updates write their gradients back. Each
+group's hot tier gets its share of config.hot_storage_bytes (``hot_rows``).
+
+Every other group stays read in place; the report names it and why.
+"""
+import dataclasses
+
+from picasso_tf.distributed.world import current_world
+from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.graph.graph_def_util import GraphIndex
+from picasso_tf.passes.fetched_rows import fetch_rows_per_step, table_reads, why_read_in_place
+
+KIND = "hybrid_hash"
+
+
+def hybrid_hash(program, graph, config):
+    world = current_world()
+    if world.distributed:
+        raise UnsupportedModelError(
+            f"picasso_tf: hybrid_hash=True with hybrid parallelism over {world.size} ranks is not built yet (the "
+            "hash storage is not sharded); use hybrid_hash=False under Horovod")
+    if config.micro_batches != 1:
+        raise UnsupportedModelError(
+            f"picasso_tf: hybrid_hash=True with micro_batches={config.micro_batches!r} is not built yet (each "
+            "micro-batch would fetch its rows apart); use micro_batches=1 with hybrid_hash=True")
+    if not config.fused_optimizer:
+        raise UnsupportedModelError(
+            "picasso_tf: hybrid_hash=True needs fused_optimizer=True: the hash storage is updated by the fused "
+            "row-sparse optimizers, not by the Keras optimizer")
+    captured = program.graphs[graph]
+    index = GraphIndex(captured.graph_def)
+    reads = table_reads(captured, index)
+    hashed, in_place = {}, {}
+    for layout in program.tables or ():
+        why = why_read_in_place(layout, reads.get(layout.name), index)
+        if why:
+            in_place[layout.name] = why
+        else:
+            hashed[layout.name] = layout
+    if not hashed:
+        return program, {"changed": False, "read_in_place": in_place}
+    program, fetching_ops = fetch_rows_per_step(program, graph, hashed, reads, KIND)
+    hot = hot_rows(list(hashed.values()), config.hot_storage_bytes)
+    tables = [dataclasses.replace(t, hot_rows=hot[t.name]) if t.name in hot else t for t in program.tables]
+    return dataclasses.replace(program, tables=tables), {
+        "changed": True, "hashed": sorted(hashed), "hot_rows": hot, "fetching_ops": fetching_ops,
+        "read_in_place": in_place}
+
+
+def hot_rows(layouts, budget):
+    """Rows of each group's hot tier: `budget` bytes shared in proportion to the groups'
+    parameter volume (Eq. 1: the rows looked up most weigh most), never more than a
+    group has. A hot row costs its values and optimizer slot, its key and its count."""
+    volume = sum(t.param_volume for t in layouts) or 1.0
+    return {t.name: min(t.num_rows, int(budget * t.param_volume / volume) // (2 * t.dim * t.dtype.size + 16))
+            for t in layouts}

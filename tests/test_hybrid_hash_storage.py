@@ -1,0 +1,203 @@
+"""hybrid_hash=True: the packed groups live in a hash table keyed by row id (the
+HybridHash storage kind), fetched per step and updated by the hash table's own ops.
+It trains as the tables read in place do, its checkpoints are the plain model's, and
+what it cannot honour is refused by name."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+from picasso_tf.embedding.hybrid_hash import HybridHashTables
+from picasso_tf.errors import UnsupportedModelError
+from test_program_and_storage import FIELDS, batches, build, plain_weights
+
+
+def train(model, data, optimizer=None):
+    """The losses of training on `data` (a hash-backed model also logs its hot tier's hit ratio)."""
+    if not model.optimizer:
+        model.compile(optimizer=optimizer or tf.keras.optimizers.Adagrad(0.2), loss="binary_crossentropy")
+    return [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for x, y in data]
+
+OPTIMIZERS = {"sgd": lambda: tf.keras.optimizers.SGD(0.5),
+              "adagrad": lambda: tf.keras.optimizers.Adagrad(0.2, initial_accumulator_value=0.05),
+              "adagrad with a schedule": lambda: tf.keras.optimizers.Adagrad(
+                  tf.keras.optimizers.schedules.ExponentialDecay(0.3, 20, 0.5))}
+
+
+def hashed(seed=5, **options):
+    return picasso.optimize(build(seed=seed), hybrid_hash=True, **options)
+
+
+def test_every_packed_group_is_hash_backed():
+    model = hashed()
+    kinds = {s.kind for s in model.picasso.storages.values()}
+    assert kinds == {HybridHashTables.kind}
+    assert "hybrid_hash   on  {" in model.picasso.report() and "'hashed': [" in model.picasso.report()
+    # The model reads no table in place: every lookup of a group reads the rows fetched for the step.
+    for graph in model.picasso.program.graphs.values():
+        assert not any(n.op == "PicassoReadTables" for n in graph.graph_def.node)
+
+
+# Hot tiers: none (every row in the hash table), a small one refreshed every few steps
+# (rows move between the tiers), and the default, which holds these small tables whole.
+SMALL_HOT = dict(hot_storage_bytes=12000, hot_warmup_steps=5, hot_refresh_every=7)
+HOT_TIERS = {"no hot tier": dict(hot_storage_bytes=0), "small hot tier": SMALL_HOT, "all hot": {}}
+
+
+@pytest.mark.parametrize("optimizer, hot", [(o, "small hot tier") for o in sorted(OPTIMIZERS)] +
+                         [("adagrad", "no hot tier"), ("adagrad", "all hot")])
+def test_trains_bit_for_bit_as_the_tables_read_in_place(optimizer, hot):
+    """200 steps; without the stitched projection (which projects the fetched rows in
+    another order) losses, every weight and the optimizer's slots are identical."""
+    data = batches(200, seed=3)
+    dense = picasso.optimize(build(), projection=False)
+    model = hashed(projection=False, **HOT_TIERS[hot])
+    assert train(model, data, OPTIMIZERS[optimizer]()) == train(dense, data, OPTIMIZERS[optimizer]())
+    model.picasso.write_back()
+    for a, b in zip(plain_weights(dense), plain_weights(model)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(dense.optimizer.variables, model.optimizer.variables):   # Adagrad's accumulators too
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def one_table_model():
+    tf.keras.utils.set_random_seed(1)
+    x = tf.keras.Input((3,), dtype="int64", name="u")
+    pooled = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(60, 4)(x))
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(pooled))
+
+
+def test_the_hot_set_follows_algorithm_1():
+    """Lookups counted once per step per distinct id; after the warm-up steps and every
+    refresh_every steps after, the hot tier holds the ids with the highest counts (ties:
+    the smaller id); the logged hit ratio is the step's share of distinct ids held."""
+    warmup, every, capacity, steps = 4, 3, 7, 14
+    rng = np.random.default_rng(0)
+    data = [({"u": rng.zipf(1.3, (16, 3)) % 60}, (rng.random(16) < 0.5).astype("float32")) for _ in range(steps)]
+    row_bytes = 2 * 4 * 4 + 16
+    model = picasso.optimize(one_table_model(), hybrid_hash=True, hot_storage_bytes=capacity * row_bytes,
+                             hot_warmup_steps=warmup, hot_refresh_every=every)
+    model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    (storage,) = model.picasso.storages.values()
+    assert storage.hot.capacity == capacity
+    counts, hot, ratios = np.zeros(60, np.int64), set(), []
+    for step, (x, y) in enumerate(data):
+        logs = model.train_on_batch(x, y, return_dict=True)
+        distinct = np.unique(x["u"])
+        ratios.append(len(hot & set(distinct.tolist())) / len(distinct))
+        np.testing.assert_allclose(logs["hot_hit_ratio"], ratios[-1], rtol=1e-6)
+        counts[distinct] += 1
+        if step + 1 >= warmup and (step + 1 - warmup) % every == 0:
+            hot = set(sorted(range(60), key=lambda i: (-counts[i], i))[:capacity])
+        assert set(storage.hot.keys.numpy()[storage.hot.keys.numpy() < 60].tolist()) == hot, step
+    assert any(r > 0 for r in ratios) and any(r < 1 for r in ratios[warmup:])
+
+
+def test_a_hot_tier_that_holds_every_row_holds_them_from_the_start():
+    model = hashed()
+    model.compile(optimizer=OPTIMIZERS["sgd"](), loss="binary_crossentropy")
+    history = model.fit(tf.data.Dataset.from_tensor_slices(batches(1)[0]).batch(8), epochs=1, verbose=0)
+    assert history.history["hot_hit_ratio"] == [1.0]
+    for storage in model.picasso.storages.values():
+        assert storage.hot.capacity == storage.layout.num_rows
+
+
+def test_with_every_pass_on_it_trains_as_keras():
+    data = batches(30, seed=4)
+    plain, model = build(), hashed()
+    np.testing.assert_allclose(train(model, data), train(plain, data), rtol=1e-5)
+    np.testing.assert_allclose(model.predict(data[0][0], verbose=0), plain.predict(data[0][0], verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoints_are_the_plain_models_and_training_continues_exactly(tmp_path):
+    """Weights and Adagrad's accumulators go to the plain model's checkpoint keys: a
+    hash-backed model restores into the plain model and into another hash-backed model,
+    which trains on exactly as the one that never stopped."""
+    first = hashed(projection=False, **SMALL_HOT)
+    train(first, batches(9), OPTIMIZERS["adagrad"]())
+    first.save_weights(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(model=first, optimizer=first.optimizer).write(str(tmp_path / "object_ckpt"))
+
+    plain = build(seed=6)
+    plain.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    plain.optimizer.build(plain.trainable_variables)
+    tf.train.Checkpoint(model=plain, optimizer=plain.optimizer).read(str(tmp_path / "object_ckpt")).expect_partial()
+    for a, b in zip(plain_weights(first), plain_weights(plain)):
+        np.testing.assert_array_equal(a, b)
+
+    second = hashed(seed=7, projection=False, **SMALL_HOT)
+    second.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    train(second, batches(1, seed=8))          # its own rows and accumulators, which the restore replaces
+    second.load_weights(str(tmp_path / "ckpt"))
+    after = batches(6, seed=1)
+    assert train(second, after) == train(first, after)
+    first.picasso.write_back()
+    second.picasso.write_back()
+    for a, b in zip(plain_weights(first), plain_weights(second)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(first.optimizer.variables, second.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_recompiling_continues_from_the_trained_rows():
+    data = batches(8, seed=2)
+    dense, model = picasso.optimize(build(), projection=False), hashed(projection=False)
+    for m in (dense, model):
+        train(m, data[:4], OPTIMIZERS["sgd"]())
+        m.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    assert train(model, data[4:]) == train(dense, data[4:])
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda: tf.keras.optimizers.Adam(0.01), "Adam"),
+    (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "SGD"),
+    (lambda: tf.keras.optimizers.Adagrad(0.1, weight_decay=0.01), "weight_decay=0.01")])
+def test_optimizers_the_hash_table_cannot_apply_are_refused_by_name(make, named):
+    model = hashed()
+    model.compile(optimizer=make(), loss="binary_crossentropy")
+    x, y = batches(1)[0]
+    with pytest.raises(UnsupportedModelError, match=f"hybrid_hash=True.*{named}"):
+        model.train_on_batch(x, y)
+
+
+def test_an_id_out_of_range_names_the_feature_and_changes_nothing():
+    model = hashed()
+    train(model, batches(2))
+    model.picasso.write_back()
+    before = plain_weights(model)
+    x, y = batches(1, seed=5)[0]
+    x = dict(x, i=np.where(np.arange(len(x["i"])) == 3, 70, x["i"]))   # the vocabulary of "i" is 70
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids of feature.*i.*got.*70"):
+        model.train_on_batch(x, y)
+    model.picasso.write_back()
+    for a, b in zip(before, plain_weights(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_groups_the_hash_cannot_hold_stay_read_in_place_with_a_reason():
+    model = picasso.optimize(build(frozen=("g",), constraint_of_u=tf.keras.constraints.MaxNorm(0.5)),
+                             hybrid_hash=True)
+    passes = {p["pass"]: p for p in model.picasso.reports["training"]["passes"]}
+    reasons = " ".join(passes["hybrid_hash"]["read_in_place"].values())
+    assert "frozen" in reasons and "emb_u/embeddings has a constraint" in reasons
+    data = batches(5)
+    plain = build(frozen=("g",), constraint_of_u=tf.keras.constraints.MaxNorm(0.5))
+    np.testing.assert_allclose(train(model, data), train(plain, data), rtol=1e-5)
+
+
+def test_micro_batches_are_refused_with_hybrid_hash():
+    with pytest.raises(UnsupportedModelError, match="micro_batches=2"):
+        hashed(micro_batches=2)
+
+
+def test_every_row_is_in_the_table_and_exported_to_the_original_model(tmp_path):
+    model = hashed()
+    train(model, batches(3))
+    storage = next(iter(model.picasso.storages.values()))
+    assert int(storage.table.size()) == storage.layout.num_rows
+    model.picasso.export(str(tmp_path / "saved"))
+    served = tf.saved_model.load(str(tmp_path / "saved"))
+    x, _ = batches(1, seed=2)[0]
+    out = served.signatures["serving_default"](**{n: tf.constant(x[n]) for n, _, _ in FIELDS})
+    np.testing.assert_allclose(next(iter(out.values())).numpy(), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
