@@ -185,11 +185,12 @@ class PicassoModel(tf.keras.Model):
                     for name in program.storage_refs()}
         self.picasso.program, self.picasso.storages = program, storages
         check_ids = self.picasso.config.check_ids
-        sharded = [storages[t.name] for t in program.tables or () if t.kind == RowShardedTables.kind]
-        hashed = [storages[t.name] for t in program.tables or () if t.kind == HybridHashTables.kind]
-        exchange = RowExchange(sharded, world, check_ids) if sharded else None
-        fetch = {training: exchange or (HashRowFetch(hashed, training, check_ids) if hashed else None)
-                 for training in (True, False)}
+        kinds = {t.name: t.kind for t in program.tables or ()}
+        exchanged = [storages[n] for n, k in kinds.items()
+                     if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)]
+        hashed = [storages[n] for n, k in kinds.items() if k == HybridHashTables.kind]
+        fetch = {training: RowExchange(exchanged, world, check_ids, training) if exchanged else
+                 HashRowFetch(hashed, training, check_ids) if hashed else None for training in (True, False)}
         self._forward = {training: RewrittenForward(program.graphs[name], storages, fetch[training])
                          for training, name in ((True, "training"), (False, "inference"))}
         analysis = program.analyses["training"]
@@ -231,7 +232,7 @@ class PicassoModel(tf.keras.Model):
         shards = [v for s in storages if s.kind == RowShardedTables.kind and s.layout.trainable for v in s.variables()]
         trainable = [v for v in self._forward[True].variables if v.ref() in training] + shards
         fetch = self._forward[True].fetch
-        fetched_rows = fetch.take if isinstance(fetch, HashRowFetch) else (lambda: [])
+        fetched_rows = fetch.log.take if fetch is not None else (lambda: [])
         return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read,
                             world=self.picasso.world, sharded=shards, fetched_rows=fetched_rows), note
 
@@ -292,7 +293,7 @@ class PicassoModel(tf.keras.Model):
         self.picasso.updated_in_gradient = [v.name for v in updated]
         logs = self.compute_metrics(x, y, y_pred, sample_weight)
         fetch = self._forward[True].fetch
-        hit_ratio = fetch.hit_ratio() if isinstance(fetch, HashRowFetch) else None
+        hit_ratio = fetch.log.hit_ratio() if fetch is not None else None
         if hit_ratio is not None:
             logs["hot_hit_ratio"] = hit_ratio    # the progress bar and TensorBoard show it
         return logs

@@ -62,6 +62,9 @@ def trained(tmp_path_factory):
         _ran(horovodrun_worker([root / f"out{np_}", "--save", root / f"ckpt{np_}"], np_))
     # The same with every table small enough to stay whole on each rank (the default for small tables).
     _ran(horovodrun_worker([root / "replicated", "--optimizers", "adagrad", "--replicate-below", 1 << 20], 2))
+    # Hash-backed tables with a small hot tier, sharded over the ranks.
+    _ran(horovodrun_worker([root / "hashed", "--optimizers", "sgd,adagrad", "--hybrid-hash",
+                            "--save", root / "ckpt_hashed"], 2))
     return root
 
 
@@ -70,12 +73,13 @@ def _arrays(path):
         return [f[k] for k in f.files]
 
 
-@pytest.mark.parametrize("optimizer,variant", [(o, "out2") for o in OPTIMIZERS] + [("adagrad", "replicated")])
+@pytest.mark.parametrize("optimizer,variant", [(o, "out2") for o in OPTIMIZERS] +
+                         [("adagrad", "replicated"), ("sgd", "hashed"), ("adagrad", "hashed")])
 def test_two_ranks_train_like_one_rank_with_the_whole_batch(trained, optimizer, variant):
     one, two = _arrays(trained / "out1" / f"{optimizer}.npz"), _arrays(trained / variant / f"{optimizer}.npz")
     run = json.load(open(trained / variant / f"{optimizer}.json"))
     assert run["size"] == 2 and run["steps"] == 20
-    if variant == "out2":
+    if variant in ("out2", "hashed"):
         assert run["distribute"]["sharded"] == ["packed_float32_d4", "packed_float32_d8"]
     else:
         assert "sharded" not in run["distribute"] and len(run["distribute"]["replicated"]) == 2
@@ -89,8 +93,9 @@ def test_two_ranks_train_like_one_rank_with_the_whole_batch(trained, optimizer, 
 def test_one_alltoallv_each_way_and_one_allreduce_per_step(trained):
     """Five tables in two groups: ids out, rows back, row gradients back (the rows'
     AllToAllv reversed), and every dense gradient in one grouped Allreduce."""
-    run = json.load(open(trained / "out2" / "sgd.json"))
-    assert run["collectives"] == {"HorovodAlltoall": 3, "HorovodGroupedAllreduce": 1}
+    for variant in ("out2", "hashed"):
+        run = json.load(open(trained / variant / "sgd.json"))
+        assert run["collectives"] == {"HorovodAlltoall": 3, "HorovodGroupedAllreduce": 1}, variant
 
 
 def test_ranks_with_uneven_data_finish_together(tmp_path):
@@ -108,6 +113,17 @@ def test_checkpoints_restore_on_another_number_of_ranks(trained, tmp_path, saved
     assert len(saved) == len(restored)      # weights and Adam's m and v of every table and kernel
     for a, b in zip(saved, restored):
         np.testing.assert_array_equal(a, b)
+
+
+def test_hash_backed_shards_restore_into_one_process(trained, tmp_path):
+    """A checkpoint of hash-backed tables sharded over 2 ranks holds whole tables: one
+    process restores it into hash storage, and trains on as from tables (up to the
+    stitched projection's summation order over the fetched rows)."""
+    for variant, hashed in (("tables", []), ("hash", ["--hybrid-hash"])):
+        _ran(horovodrun_worker([tmp_path / variant, "--optimizers", "adagrad", "--restore", trained / "ckpt_hashed",
+                                *hashed], 1))
+    for a, b in zip(_arrays(tmp_path / "tables" / "adagrad.npz"), _arrays(tmp_path / "hash" / "adagrad.npz")):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_a_rank_that_dies_stops_the_others(tmp_path):

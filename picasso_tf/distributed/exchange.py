@@ -18,11 +18,14 @@ become positions in it (ExchangedIds), which the rewritten graph's fused lookups
 Backward needs nothing of its own: the gradient of the rows' AllToAllv is the reverse
 AllToAllv, which returns every row gradient to its owner, summed there per row by the
 gradient of the owner's gather, and becomes the shard variables' row-sparse gradient.
+A hash-backed group (picasso_tf.embedding.hybrid_hash) serves its rows from this rank's
+hash storage instead, and the step takes the gradient of the rows it served (``log``).
 """
 import tensorflow as tf
 
 from picasso_tf.distributed.world import hvd
-from picasso_tf.embedding.row_keys import check_table_count, keys_of, positions_of, row_id, table_number
+from picasso_tf.embedding.hybrid_hash import FetchedRowsLog, HybridHashTables
+from picasso_tf.embedding.row_keys import ID_BITS, check_table_count, keys_of, positions_of, row_id, table_number
 from picasso_tf.ops.packed_lookup import packed_lookup
 from picasso_tf.ops.read_tables import read_tables
 
@@ -31,8 +34,9 @@ class RowExchange:
     """The exchange of the sharded storages `storages` (picasso_tf.embedding.sharded),
     in the order every rank lays them out."""
 
-    def __init__(self, storages, world, check_ids=True):
-        self.storages, self.world, self.check_ids = list(storages), world, check_ids
+    def __init__(self, storages, world, check_ids=True, training=True):
+        self.storages, self.world, self.check_ids, self.training = list(storages), world, check_ids, training
+        self.log = FetchedRowsLog()     # rows served from hash storage, for the training step
         self.first_table, tables = {}, []
         for g, storage in enumerate(self.storages):
             self.first_table[storage.name] = len(tables)
@@ -117,6 +121,13 @@ class RowExchange:
         """The rows of one group's (unique) keys from this rank's shards, in their order."""
         members = len(storage.layout.members)
         member = tf.gather(self.member_of_table, table_number(keys))
+        if storage.kind == HybridHashTables.kind:
+            # Its keys: the member table's number in the group and the row id.
+            own = tf.bitwise.bitwise_or(row_id(keys), tf.bitwise.left_shift(tf.cast(member, tf.int64), ID_BITS))
+            rows, hits = storage.rows(own, self.training)
+            if self.training:
+                self.log.record(storage, own, rows, hits)
+            return rows
         local = row_id(keys) // self.world.size
         ids = tf.dynamic_partition(local, member, members)
         order = tf.dynamic_partition(tf.range(tf.size(keys)), member, members)

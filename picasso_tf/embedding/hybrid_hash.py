@@ -3,7 +3,9 @@ optimizer slots live in one hash table (picasso_tf.ops.hybrid_hash, the cold tie
 keyed by (member << ID_BITS) | row id (picasso_tf.embedding.row_keys).
 
 The kernels do not read it in place: each step HashRowFetch finds the rows of the
-batch's distinct keys (counting their accesses) and the rewritten lookups read those;
+batch's distinct keys (counting their accesses) and the rewritten lookups read those
+(under hybrid parallelism, kind "sharded_hybrid_hash": each rank holds the rows
+id % size == rank, and the row exchange, picasso_tf.distributed.exchange, serves them);
 the step takes the loss's gradient with respect to the fetched rows (one summed row per
 key) and ``apply_fetched`` updates the table with the hash table's own optimizer ops.
 They implement SGD without momentum and Adagrad, whose updates touch only the rows with
@@ -12,14 +14,17 @@ a gradient; `bind` refuses other optimizers by name.
 The table starts as a copy of the original tables (every row, keyed by its id), so
 training is the same as with the tables read in place. The original variables stay the
 model's checkpoint: ``write_back`` copies the rows (and the Adagrad accumulators, into
-the Keras optimizer's slots) into them, ``read_back`` imports them again. Until the
+the Keras optimizer's slots) into them (sharded: gathered from every rank, a
+collective), ``read_back`` imports them again. Until the
 original tables are released the group's rows are held twice.
 """
 import numpy as np
 import tensorflow as tf
 
+from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hot_tier import HotTier
 from picasso_tf.embedding.row_keys import ID_BITS, keys_of, positions_of
+from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.ops import sparse_apply
@@ -32,9 +37,12 @@ HASH_UPDATES = ("sgd", "adagrad")
 class HybridHashTables(EmbeddingStorage):
 
     kind = "hybrid_hash"
+    sharded_kind = "sharded_hybrid_hash"     # under hybrid parallelism: this rank's rows only
 
-    def __init__(self, layout, warmup=0, refresh_every=1):
+    def __init__(self, layout, warmup=0, refresh_every=1, world=World()):
         super().__init__(layout)
+        self.world = world if layout.kind == self.sharded_kind else World()
+        self.collective = self.world.distributed
         with tf.init_scope():
             self.table = HashTable(layout.dim, num_slots=1, initializer="zeros", initial_capacity=layout.num_rows)
             # Counts the updates, so that write_back knows whether the originals are behind.
@@ -53,9 +61,11 @@ class HybridHashTables(EmbeddingStorage):
         return []
 
     def keys(self):
-        """Every row's key, in the order of the members' rows (increasing)."""
-        return np.concatenate([(m << ID_BITS) | np.arange(member.rows, dtype=np.int64)
-                               for m, member in enumerate(self.layout.members)])
+        """The key of every row it holds (sharded: the rows id % size == rank), increasing."""
+        return np.concatenate([(m << ID_BITS) | self._held(member) for m, member in enumerate(self.layout.members)])
+
+    def _held(self, member):
+        return np.arange(self.world.rank, member.rows, self.world.size, dtype=np.int64)
 
     def rows(self, keys, training):
         """(The rows of the distinct `keys`, how many were hot): hot ones from the hot
@@ -152,64 +162,56 @@ class HybridHashTables(EmbeddingStorage):
         if self._written_at == int(self.updates.numpy()):
             return
         keys, values, slot, _, _ = self._current()
-        if int(tf.size(keys)) != self.layout.num_rows:
+        sizes = [len(self._held(m)) for m in self.layout.members]
+        if int(tf.size(keys)) != sum(sizes):
             raise AssertionError(f"picasso_tf: hash storage {self.name} holds {int(tf.size(keys))} rows, "
-                                 f"not its tables' {self.layout.num_rows}; please report this model")
-        sizes = [m.rows for m in self.layout.members]
-        # Keys sort member by member, row by row: the rows are the tables concatenated.
+                                 f"not its tables' {sum(sizes)}; please report this model")
+        # Keys sort member by member, row by row: the rows are the (held rows of the) tables concatenated.
         for member, rows, keras_slot, slot_rows in zip(self.layout.members, tf.split(values, sizes),
                                                        self._slots or [None] * len(sizes), tf.split(slot, sizes)):
-            member.variable.assign(rows)
+            member.variable.assign(self._whole(rows, member))
             if keras_slot is not None:
-                keras_slot.assign(slot_rows)
+                keras_slot.assign(self._whole(slot_rows, member))
         self._written_at = int(self.updates.numpy())
+
+    def _whole(self, rows, member):
+        """A member table's rows from every rank's `rows` (a collective when sharded)."""
+        if not self.world.distributed:
+            return rows
+        gathered = hvd().allgather(rows, name=f"picasso_hash_write_back_{member.name.replace('/', '_')}")
+        return tf.gather(gathered, rank_major_order(member.rows, self.world.size))
 
     def read_back(self):
         """Imports the originals' rows and slots; the hot tier keeps its keys (all of
         them when it can hold every row) with their new rows."""
         members = self.layout.members
         keys = tf.constant(self.keys())
-        values = tf.concat([m.variable.value() for m in members], 0)
-        slot = tf.concat([s.value() if s is not None else tf.zeros([m.rows, self.layout.dim])
-                          for m, s in zip(members, self._slots or [None] * len(members))], 0)
+        held = [self._held(m) for m in members]
+        values = tf.concat([tf.gather(m.variable, h) for m, h in zip(members, held)], 0)
+        slot = tf.concat([tf.gather(s, h) if s is not None else tf.zeros([len(h), self.layout.dim])
+                          for h, s in zip(held, self._slots or [None] * len(members))], 0)
         if self.hot is None:
             self.table.import_(keys, values, slot[None])
         else:
             counts = self._current()[3] if self._written_at is not None else tf.zeros_like(keys)
             self.table.import_(keys, values, slot[None], counts)
-            every = self.hot.capacity >= self.layout.num_rows
+            every = self.hot.capacity >= int(tf.size(keys))
             self.hot.load(keys, values, slot, tf.range(tf.size(keys)) if every else self.hot.loaded(keys))
         self._written_at = int(self.updates.numpy())
 
 
-class HashRowFetch:
-    """Feeds the FetchedRows and ExchangedIds placeholders of the hash-backed groups
-    `storages`: per group, the rows of the batch's distinct keys. In training they are
-    found with their accesses counted, and recorded (``take``) for the step's gradient."""
+class FetchedRowsLog:
+    """What the forward pass being traced fetched from hash storage, for its training
+    step: the rows (whose gradients update the storage) and the hot tiers' hits."""
 
-    def __init__(self, storages, training, check_ids=True):
-        self.storages, self.training, self.check_ids = list(storages), training, check_ids
+    def __init__(self):
         self._fetched, self._hits = [], []
 
-    def fetch(self, requests):
-        """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
-        [positions tensor per request, shaped and typed as its ids])."""
-        rows, positions = {}, [None] * len(requests)
-        for storage in self.storages:
-            own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
-            if not own:
-                rows[storage.name] = tf.zeros([0, storage.layout.dim], storage.layout.dtype)
-                continue
-            keys, sizes = keys_of(storage.layout, [requests[i] for i in own], 0, self.check_ids)
-            unique, index = tf.unique(keys)
-            rows[storage.name], hits = storage.rows(unique, self.training)
-            if self.training:
-                self._fetched.append((storage, unique, rows[storage.name]))
-                if hits is not None:
-                    self._hits.append((hits, tf.size(unique, out_type=tf.int64)))
-            for i, p in zip(own, positions_of([requests[i] for i in own], index, sizes)):
-                positions[i] = p
-        return rows, positions
+    def record(self, storage, keys, rows, hits):
+        """`rows` of the distinct `keys` of `storage`, `hits` of them hot (None: no hot tier)."""
+        self._fetched.append((storage, keys, rows))
+        if hits is not None:
+            self._hits.append((hits, tf.size(keys, out_type=tf.int64)))
 
     def take(self):
         """[(storage, distinct keys, their rows)] fetched for the training step being traced."""
@@ -226,10 +228,39 @@ class HashRowFetch:
                                      tf.cast(tf.add_n([n for _, n in hits]), tf.float32))
 
 
+class HashRowFetch:
+    """Feeds the FetchedRows and ExchangedIds placeholders of the hash-backed groups
+    `storages` in one process: per group, the rows of the batch's distinct keys. In
+    training they are found with their accesses counted, and logged (``log``) for the
+    step's gradient."""
+
+    def __init__(self, storages, training, check_ids=True):
+        self.storages, self.training, self.check_ids = list(storages), training, check_ids
+        self.log = FetchedRowsLog()
+
+    def fetch(self, requests):
+        """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
+        [positions tensor per request, shaped and typed as its ids])."""
+        rows, positions = {}, [None] * len(requests)
+        for storage in self.storages:
+            own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
+            if not own:
+                rows[storage.name] = tf.zeros([0, storage.layout.dim], storage.layout.dtype)
+                continue
+            keys, sizes = keys_of(storage.layout, [requests[i] for i in own], 0, self.check_ids)
+            unique, index = tf.unique(keys)
+            rows[storage.name], hits = storage.rows(unique, self.training)
+            if self.training:
+                self.log.record(storage, unique, rows[storage.name], hits)
+            for i, p in zip(own, positions_of([requests[i] for i in own], index, sizes)):
+                positions[i] = p
+        return rows, positions
+
+
 def _of_this_graph(records):
-    """The records (tuples ending in a tensor) made in the graph being built."""
+    """The records (tuples holding tensors) made in the graph being built."""
     graph = tf.compat.v1.get_default_graph()
-    return [r for r in records if r[-1].graph is graph]
+    return [r for r in records if r[1].graph is graph]
 
 
 def _is_zero(value):

@@ -74,7 +74,7 @@ class RowShardedTables(EmbeddingStorage):
         for full, shard in self.pairs():
             held = len(range(self.world.rank, full.shape[0], self.world.size))
             gathered = hvd().allgather(shard[:held], name=f"picasso_write_back_{_op_name(full)}")
-            full.assign(tf.gather(gathered, _rank_major_order(full.shape[0], self.world.size)))
+            full.assign(tf.gather(gathered, rank_major_order(full.shape[0], self.world.size)))
 
     def read_back(self):
         for full, shard in self.pairs():
@@ -83,7 +83,7 @@ class RowShardedTables(EmbeddingStorage):
                 shard[:rows.shape[0]].assign(rows)
 
 
-def _rank_major_order(rows, size):
+def rank_major_order(rows, size):
     """Where row i of a table sits in its shards concatenated rank by rank."""
     held = [len(range(r, rows, size)) for r in range(size)]
     start = np.concatenate([[0], np.cumsum(held)[:-1]])

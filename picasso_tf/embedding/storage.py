@@ -96,7 +96,7 @@ def make_storage(layout, world, config):
         return TablesInPlace(layout)
     if layout.kind == RowShardedTables.kind:
         return RowShardedTables(layout, world)
-    if layout.kind == HybridHashTables.kind:
-        return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every)
-    raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; "
-                     f"the kinds are {[TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind]}")
+    if layout.kind in (HybridHashTables.kind, HybridHashTables.sharded_kind):
+        return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every, world)
+    kinds = [TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind, HybridHashTables.sharded_kind]
+    raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; the kinds are {kinds}")

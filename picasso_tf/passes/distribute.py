@@ -10,8 +10,11 @@ group the pass
   - has the fused lookups read the rows each step fetches (picasso_tf.passes.fetched_rows),
     which the exchange (picasso_tf.distributed.exchange) brings from their owners.
 Every other table stays whole on every rank (replicated): its gradient joins the dense
-Allreduce. The report names those tables and why.
+Allreduce. The report names those tables and why. Hash-backed groups (hybrid_hash=True)
+are always sharded: kind "sharded_hybrid_hash".
 """
+import dataclasses
+
 from picasso_tf.distributed.world import current_world
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import GraphIndex
@@ -30,16 +33,25 @@ def distribute(program, graph, config):
     index = GraphIndex(captured.graph_def)
     reads = table_reads(captured, index)            # group -> ReadTables node
     sharded, replicated = {}, {}
+    # A hash-backed group's rows are fetched already (the hybrid_hash pass): each rank
+    # holds a share of them, so that every row is updated once.
+    hashed = [t.name for t in program.tables or () if t.kind in ("hybrid_hash", "sharded_hybrid_hash")]
+    program = dataclasses.replace(program, tables=[
+        dataclasses.replace(t, kind="sharded_hybrid_hash") if t.name in hashed else t for t in program.tables or ()])
     for layout in program.tables or ():
+        if layout.name in hashed:
+            continue
         why = _why_replicated(layout, reads.get(layout.name), index, config.replicate_tables_below)
         if why:
             replicated[layout.name] = why
         else:
             sharded[layout.name] = layout
-    if not sharded:
+    if not sharded and not hashed:
         return program, {"changed": False, "ranks": world.size, "replicated": replicated}
-    program, exchanged_ops = fetch_rows_per_step(program, graph, sharded, reads, "sharded")
-    return program, {"changed": True, "ranks": world.size, "sharded": sorted(sharded),
+    exchanged_ops = 0
+    if sharded:
+        program, exchanged_ops = fetch_rows_per_step(program, graph, sharded, reads, "sharded")
+    return program, {"changed": True, "ranks": world.size, "sharded": sorted(list(sharded) + hashed),
                      "exchanged_ops": exchanged_ops, "replicated": replicated}
 
 

@@ -3,13 +3,13 @@ lookups read are kept in hash-backed storage (picasso_tf.embedding.hybrid_hash),
 by row id and initialised from the original tables, so training is the same as with the
 tables read in place. Each step fetches the rows its batch looks up from the storage
 (picasso_tf.passes.fetched_rows) and the fused updates write their gradients back. Each
-group's hot tier gets its share of config.hot_storage_bytes (``hot_rows``).
+group's hot tier gets its share of config.hot_storage_bytes (``hot_rows``). Under
+Horovod the distribute pass then shards these groups over the ranks.
 
 Every other group stays read in place; the report names it and why.
 """
 import dataclasses
 
-from picasso_tf.distributed.world import current_world
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import GraphIndex
 from picasso_tf.passes.fetched_rows import fetch_rows_per_step, table_reads, why_read_in_place
@@ -18,11 +18,6 @@ KIND = "hybrid_hash"
 
 
 def hybrid_hash(program, graph, config):
-    world = current_world()
-    if world.distributed:
-        raise UnsupportedModelError(
-            f"picasso_tf: hybrid_hash=True with hybrid parallelism over {world.size} ranks is not built yet (the "
-            "hash storage is not sharded); use hybrid_hash=False under Horovod")
     if config.micro_batches != 1:
         raise UnsupportedModelError(
             f"picasso_tf: hybrid_hash=True with micro_batches={config.micro_batches!r} is not built yet (each "

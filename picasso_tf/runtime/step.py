@@ -166,15 +166,17 @@ class TrainingStep:
                          update_ops=[op for g in micro_batches for op in g.update_ops])
 
     def exchange(self, gradients):
-        """Across ranks: a shard's row gradients, which the exchange's reverse AllToAllv
-        already summed on their owner, become the mean over the ranks' batches; every
-        other gradient is averaged over the ranks in one grouped Allreduce (dense: a
-        replicated table's IndexedSlices become its dense gradient, never an allgather)."""
+        """Across ranks: a shard's row gradients (and a hash storage's fetched rows'),
+        which the exchange's reverse AllToAllv already summed on their owner, become the
+        mean over the ranks' batches; every other gradient is averaged over the ranks in
+        one grouped Allreduce (dense: a replicated table's IndexedSlices become its dense
+        gradient, never an allgather)."""
         if not self.world.distributed:
             return gradients
         scale = 1.0 / self.world.size
         tables = [(tf.IndexedSlices(g.values * scale, g.indices, g.dense_shape), v)
                   for g, v in gradients.tables if v.ref() in self.sharded]
+        fetched = [(storage, keys, g * scale) for storage, keys, g in gradients.fetched]
         summed = [(g, v) for g, v in gradients.tables + gradients.dense if v.ref() not in self.sharded]
         if summed:
             averaged = hvd().grouped_allreduce([tf.convert_to_tensor(g) for g, _ in summed], op=hvd().Average,
@@ -182,7 +184,7 @@ class TrainingStep:
             summed = [(g, v) for g, (_, v) in zip(averaged, summed)]
         fused = self.fused.handles if self.fused is not None else (lambda var: False)
         return dataclasses.replace(gradients, tables=tables + [(g, v) for g, v in summed if fused(v)],
-                                   dense=[(g, v) for g, v in summed if not fused(v)])
+                                   dense=[(g, v) for g, v in summed if not fused(v)], fetched=fetched)
 
     def apply(self, optimizer, gradients):
         if self.fused is None:

@@ -2,7 +2,7 @@
 or as one process (no Horovod), for tests/test_horovod.py.
 
     hybrid_training.py OUT_DIR [--optimizers sgd,adagrad,adam] [--batches-rank1 K]
-                               [--restore DIR] [--save DIR] [--no-train]
+                               [--restore DIR] [--save DIR] [--no-train] [--hybrid-hash]
 
 Every rank reads the same global batches of 64 samples and keeps its contiguous share,
 so N ranks train on the samples one process trains on. Per optimizer, rank 0 writes
@@ -100,7 +100,8 @@ def run(args, optimizer, size, rank):
     features, labels = data(STEPS)
     batches = args.batches_rank1 if rank == 1 else STEPS
     dataset = rank_share(features, labels, batches, size, rank)
-    model = picasso_tf.optimize(build(), replicate_tables_below=args.replicate_below)
+    model = picasso_tf.optimize(build(), replicate_tables_below=args.replicate_below, hybrid_hash=args.hybrid_hash,
+                                hot_storage_bytes=args.hot_bytes, hot_warmup_steps=3, hot_refresh_every=4)
     model.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     if args.restore:
         model.load_weights(os.path.join(args.restore, optimizer, "ckpt"))
@@ -134,6 +135,8 @@ def main():
     parser.add_argument("--no-train", dest="train", action="store_false")
     parser.add_argument("--die-at", type=int, help="rank 1 exits at this step (a rank that dies)")
     parser.add_argument("--replicate-below", type=int, default=0, help="bytes; 0 shards every table")
+    parser.add_argument("--hybrid-hash", action="store_true", help="hash-backed tables (hybrid_hash=True)")
+    parser.add_argument("--hot-bytes", type=int, default=2000, help="their hot tier, refreshed every 4 steps")
     args = parser.parse_args()
     size, rank = world()
     for optimizer in args.optimizers.split(","):
