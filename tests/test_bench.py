@@ -98,7 +98,15 @@ def test_every_section_has_rows_or_says_why(tiny_run):
     scaling = s["scaling"]["rows"]
     assert [r["multiplier"] for r in scaling] == [1, 2]
     assert scaling[0]["picasso"]["increment"] == pytest.approx(0.0)
-    assert all(r["status"].startswith("not built") for r in s["hotstorage"]["rows"])
+    hot = s["hotstorage"]["rows"]
+    assert all("error" not in r for r in hot), [r.get("error") for r in hot]
+    assert [r["variant"] for r in hot] == ["hybrid_hash=False", "no hot tier", "hot tier 5%"]
+    assert all(r["samples_per_s"] > 0 for r in hot) and "vs_hybrid_hash_false" in hot[1]
+    tier = hot[2]
+    assert tier["hot_rows"] == round(0.05 * tier["distinct_ids"])
+    # The storage's counters are Algorithm 1 exactly; LRU is one of the caches Belady's MIN is the optimum of.
+    assert tier["algorithm1"] == pytest.approx(tier["algorithm1_numpy"], abs=1e-12)
+    assert 0.0 < tier["lru"] <= tier["belady"] <= 1.0 and 0.0 < tier["algorithm1"] <= 1.0
 
 
 def test_report_has_every_table_well_formed(tiny_run):

@@ -13,7 +13,8 @@ instead of stopping the suite. Sections:
   ablation    full vs packing=False vs interleaving=False vs hybrid_hash (Table IV)
   ops         training-step op counts and packed groups (Table V)
   scaling     duplicated feature fields 1x..kx against the arithmetic progression (Table VIII)
-  hotstorage  HybridHash hot-storage sizes (Table VI)
+  hotstorage  HybridHash's hot tier on Zipf ids per size: hit ratio (Algorithm 1 beside LRU and
+              the Belady bound) and samples/s against hybrid_hash=False (Table VI)
 """
 import dataclasses
 import time
@@ -88,8 +89,17 @@ class Sizes:
     scaling_base_sequences: int = 1
     scaling_batch: int = 1024
     scaling_vocab: int = 10_000
-    # hot storage
-    hot_storage_sizes: Tuple[str, ...] = ("256MB", "512MB", "1GB", "2GB", "4GB")
+    # hot storage (Table VI): HybridHash's hot tier on a stream of Zipf ids. Its sizes are shares
+    # of the stream's distinct ids: the paper's 256MB-4GB are shares of tables this machine lacks.
+    hot_storage_sizes: Tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2)
+    hot_zipf: Tuple[float, ...] = (1.05, 1.2, 1.5)
+    hot_vocab: int = 100_000
+    hot_batch: int = 256                  # examples per step, hot_ids_per_example ids each
+    hot_ids_per_example: int = 16
+    hot_dim: int = 16
+    hot_steps: int = 500                  # steps of the stream, the warm-up included
+    hot_warmup: int = 100                 # Algorithm 1's warm-up steps (the paper's 100) ...
+    hot_refresh: int = 100                # ... and steps between refreshes of the hot set
 
 
 MODES = {
@@ -101,7 +111,8 @@ MODES = {
                    auc_models=("dlrm", "din"), auc_rows=10_000, auc_movielens_rows=20_000, auc_epochs=1,
                    auc_seq_len=10, ablation_models=("wide_deep",), ablation_batch=1024,
                    ablation_scale={"wide_deep": 0.25}, ops_models=("wide_deep", "mmoe"), ops_scale=0.25,
-                   scaling_multipliers=(1, 2, 3), scaling_base_onehot=3, scaling_batch=512),
+                   scaling_multipliers=(1, 2, 3), scaling_base_onehot=3, scaling_batch=512,
+                   hot_storage_sizes=(0.01, 0.05, 0.2), hot_zipf=(1.05,), hot_steps=300),
     "tiny": Sizes(rounds=2, steps=2, warmup_steps=2, batches=2, packing_configs=("wide_lr", "dlrm_adagrad"),
                   packing_fields=6, packing_vocab=200, packing_batch=256, breakdown_steps=1, stage_repeats=2,
                   criteo_max_buckets=200, zoo_models=("lr",), zoo_datasets=("criteo",), zoo_batch=128,
@@ -109,7 +120,9 @@ MODES = {
                   auc_models=("lr",), auc_datasets=("synthetic",), auc_rows=2000, auc_epochs=1, auc_vocab=200,
                   ablation_models=("wide_deep",), ablation_batch=128, ablation_scale={"wide_deep": 0.02},
                   ops_models=("mmoe",), ops_scale=0.05, scaling_model="lr", scaling_multipliers=(1, 2),
-                  scaling_base_onehot=3, scaling_batch=128, scaling_vocab=200, hot_storage_sizes=("1GB",)),
+                  scaling_base_onehot=3, scaling_batch=128, scaling_vocab=200, hot_storage_sizes=(0.05,),
+                  hot_zipf=(1.05,), hot_vocab=2000, hot_batch=32, hot_ids_per_example=4, hot_steps=12,
+                  hot_warmup=4, hot_refresh=4),
 }
 
 
@@ -625,12 +638,195 @@ def run_scaling(sizes, progress):
     return out
 
 
+# -- HybridHash's hot tier (Table VI) ---------------------------------------------------------
+#
+# A hit is one of a step's distinct ids that the cache held when the step began; a hit ratio is
+# hits over distinct ids, both summed over the steps after Algorithm 1's warm-up. The storage
+# counts exactly that (picasso_tf.embedding.hot_tier), and every cache below is measured so.
+
+def zipf_stream(steps, batch, width, vocab, exponent, seed):
+    """[steps, batch, width] ids in [0, vocab): ranks drawn with P(rank r) ~ r^-exponent, mapped
+    to ids by a fixed random permutation, so that popularity has nothing to do with the order
+    of the ids (Algorithm 1 breaks ties by the smaller id)."""
+    rng = np.random.default_rng(seed)
+    cdf = np.cumsum(np.arange(1, vocab + 1, dtype=np.float64) ** -exponent)
+    ranks = np.minimum(np.searchsorted(cdf, rng.random((steps, batch, width)) * cdf[-1]), vocab - 1)
+    return rng.permutation(vocab)[ranks]
+
+
+def algorithm1_hits(distinct, vocab, capacity, warmup, refresh_every):
+    """Per step, the hits of Algorithm 1 in NumPy (a check of the storage's counters): each
+    step's distinct ids counted once; after `warmup` steps and every `refresh_every` after,
+    the tier holds the `capacity` ids of highest count (ties: the smaller id)."""
+    counts, held, hits = np.zeros(vocab, np.int64), np.zeros(vocab, bool), []
+    for step, ids in enumerate(distinct):
+        hits.append(int(held[ids].sum()))
+        counts[ids] += 1
+        done = step + 1 - warmup
+        if done >= 0 and done % refresh_every == 0:
+            held[:] = False
+            held[np.lexsort((np.arange(vocab), -counts))[:capacity]] = True
+    return np.array(hits)
+
+
+def lru_hits(stream, vocab, capacity):
+    """Per step, the hits of an LRU cache of `capacity` ids fed the stream's ids in order:
+    after each step it holds the `capacity` ids looked up most recently."""
+    last, held, hits, clock = np.full(vocab, -1, np.int64), np.zeros(vocab, bool), [], 0
+    for batch in stream:
+        flat = batch.ravel()
+        ids, from_end = np.unique(flat[::-1], return_index=True)
+        hits.append(int(held[ids].sum()))
+        last[ids] = clock + flat.size - 1 - from_end      # each id's last position in the stream
+        clock += flat.size
+        seen = np.flatnonzero(last >= 0)
+        kept = seen if seen.size <= capacity else seen[np.argpartition(-last[seen], capacity - 1)[:capacity]]
+        held[:] = False
+        held[kept] = True
+    return np.array(hits)
+
+
+def belady_hits(distinct, vocab, capacity):
+    """Per step, the hits of Belady's MIN (clairvoyant): after each step the cache keeps, of
+    what it held and the step's ids, the `capacity` ids looked up again soonest (none that
+    is never looked up again). The most hits of any cache that takes an id in only when a
+    step looks it up."""
+    never = np.iinfo(np.int64).max
+    upcoming, following = np.full(vocab, never, np.int64), [None] * len(distinct)
+    for step in range(len(distinct) - 1, -1, -1):      # the next step that looks each id up
+        following[step] = upcoming[distinct[step]]
+        upcoming[distinct[step]] = step
+    next_use, held, cache, hits = np.full(vocab, never, np.int64), np.zeros(vocab, bool), np.zeros(0, np.int64), []
+    for step, ids in enumerate(distinct):
+        hits.append(int(held[ids].sum()))
+        next_use[ids] = following[step]
+        candidates = np.union1d(cache, ids)
+        candidates = candidates[next_use[candidates] != never]
+        if candidates.size > capacity:
+            candidates = candidates[np.argpartition(next_use[candidates], capacity - 1)[:capacity]]
+        held[cache] = False
+        cache = candidates
+        held[cache] = True
+    return np.array(hits)
+
+
+def best_fixed_set_hits(distinct, vocab, capacity, first):
+    """Per step, the hits of holding, throughout, the `capacity` ids looked up in most of the
+    steps from `first` on (clairvoyant: the set that Algorithm 1's past counts estimate)."""
+    counts = np.zeros(vocab, np.int64)
+    for ids in distinct[first:]:
+        counts[ids] += 1
+    held = np.zeros(vocab, bool)
+    held[np.argsort(-counts, kind="stable")[:capacity]] = True
+    return np.array([int(held[ids].sum()) for ids in distinct])
+
+
+def _hot_tier_model(sizes):
+    """One embedding table looked up by hot_ids_per_example ids per example, averaged, and a
+    sigmoid unit: one packed group, so the hot tier gets the whole hot_storage_bytes."""
+    tf.keras.utils.set_random_seed(sizes.seed)
+    ids = tf.keras.Input((sizes.hot_ids_per_example,), dtype="int64", name="ids")
+    pooled = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(sizes.hot_vocab, sizes.hot_dim)(ids))
+    return tf.keras.Model(ids, tf.keras.layers.Dense(1, activation="sigmoid")(pooled))
+
+
+def _hot_counters(model):
+    (storage,) = model.picasso.storages.values()
+    return int(storage.hot.hits.numpy()), int(storage.hot.lookups.numpy())
+
+
+def hot_tier_sweep(sizes, exponent, progress):
+    """Table VI for one Zipf exponent: a row per model (hybrid_hash=False, no hot tier, and a
+    hot tier of each share of the stream's distinct ids) with samples/s against
+    hybrid_hash=False (timed interleaved after the stream); the hot tiers' rows also carry the
+    hit ratios of Algorithm 1 (the storage's counters over the stream), LRU, Belady and the
+    best fixed set on the same stream."""
+    import picasso_tf
+    stream = zipf_stream(sizes.hot_steps + sizes.batches, sizes.hot_batch, sizes.hot_ids_per_example,
+                         sizes.hot_vocab, exponent, sizes.seed)
+    labels = (np.random.default_rng(sizes.seed).random(stream.shape[:2]) < 0.5).astype("float32")
+    stream, timed, timed_labels = stream[:sizes.hot_steps], stream[sizes.hot_steps:], labels[sizes.hot_steps:]
+    distinct = [np.unique(b) for b in stream]
+    seen, first = int(np.unique(stream).size), sizes.hot_warmup
+    looked_up = sum(ids.size for ids in distinct[first:])
+    common = {"zipf": exponent, "distinct_ids": seen, "distinct_per_step": float(np.mean([d.size for d in distinct])),
+              "steps": sizes.hot_steps, "warmup": sizes.hot_warmup, "refresh_every": sizes.hot_refresh}
+    row_bytes = 2 * sizes.hot_dim * 4 + 16   # values, Adagrad slot, key, count: as passes/hybrid_hash.hot_rows counts
+    options = {"hybrid_hash=False": {}, "no hot tier": {"hybrid_hash": True, "hot_storage_bytes": 0}}
+    rows = {"hybrid_hash=False": {}, "no hot tier": {"share": 0.0, "hot_rows": 0}}
+    for share in sizes.hot_storage_sizes:
+        capacity = max(1, round(share * seen))
+        name = f"hot tier {100 * share:g}%"
+        options[name] = {"hybrid_hash": True, "hot_storage_bytes": capacity * row_bytes,
+                         "hot_warmup_steps": sizes.hot_warmup, "hot_refresh_every": sizes.hot_refresh}
+        rows[name] = {"share": share, "hot_rows": capacity, "hot_bytes": capacity * row_bytes}
+    base = _hot_tier_model(sizes)
+    data = tf.data.Dataset.from_tensor_slices(({"ids": stream}, labels[:sizes.hot_steps]))
+    variants = []
+    for name, opts in options.items():
+        progress(f"hotstorage zipf {exponent}: {name} on the stream")
+        copy = _hot_tier_model(sizes)
+        copy.set_weights(base.get_weights())
+        model = _compile(picasso_tf.optimize(copy, **opts), "adagrad")
+        model.fit(data.take(first), verbose=0)
+        capacity = rows[name].get("hot_rows")
+        if capacity:
+            (storage,) = model.picasso.storages.values()
+            if storage.hot.capacity != capacity:
+                raise AssertionError(f"{name}: the hot tier holds {storage.hot.capacity} rows, not {capacity}")
+            before = _hot_counters(model)
+        model.fit(data.skip(first), verbose=0)
+        if capacity:
+            hits, lookups = (b - a for a, b in zip(before, _hot_counters(model)))
+            rows[name].update(
+                algorithm1=hits / lookups,
+                algorithm1_numpy=float(algorithm1_hits(distinct, sizes.hot_vocab, capacity, sizes.hot_warmup,
+                                                       sizes.hot_refresh)[first:].sum()) / looked_up,
+                lru=float(lru_hits(stream, sizes.hot_vocab, capacity)[first:].sum()) / looked_up,
+                belady=float(belady_hits(distinct, sizes.hot_vocab, capacity)[first:].sum()) / looked_up,
+                best_fixed_set=float(best_fixed_set_hits(distinct, sizes.hot_vocab, capacity, first)[first:].sum())
+                / looked_up)
+            rows[name]["algorithm1/belady"] = rows[name]["algorithm1"] / rows[name]["belady"]
+        variants.append(Variant(name, model, in_memory_dataset(
+            [({"ids": tf.constant(x)}, tf.constant(y)) for x, y in zip(timed, timed_labels)]), sizes.hot_batch))
+    counters = {v.name: _hot_counters(v.model) for v in variants if rows[v.name].get("hot_rows")}
+    result = measure(variants, sizes.rounds, sizes.steps, sizes.warmup_steps,
+                     pairs=[(v.name, "hybrid_hash=False") for v in variants[1:]],
+                     progress=lambda m: progress(f"hotstorage zipf {exponent}: {m}"))
+    out = []
+    for v in variants:
+        row = {"name": f"zipf {exponent}, {v.name}", "variant": v.name, **common, **rows[v.name],
+               **result["variants"][v.name], "load_average": result["load_average"],
+               "rounds": result["rounds"], "timed_steps": result["steps"]}
+        if f"{v.name}/hybrid_hash=False" in result["ratios"]:
+            row["vs_hybrid_hash_false"] = result["ratios"][f"{v.name}/hybrid_hash=False"]
+        if v.name in counters:      # the hit ratio while timed: the timed batches repeat every round
+            hits, lookups = (b - a for a, b in zip(counters[v.name], _hot_counters(v.model)))
+            row["timed_hit_ratio"] = hits / lookups
+        out.append(row)
+    return out
+
+
 def run_hotstorage(sizes, progress):
-    out = {"title": "Hot-storage size sweep (Table VI)", "rows": [], "notes": []}
-    status = (f"{NOT_BUILT}: hybrid_hash=True keeps the packed groups in the hash table (the cold tier) and has no "
-              "hot tier yet, so there is no hot-storage size to sweep")
-    for size in sizes.hot_storage_sizes:
-        out["rows"].append({"hot_storage": size, "status": status})
+    out = {"title": "Hot-storage size sweep (Table VI)", "rows": [], "notes": [], "batch_size": sizes.hot_batch}
+    for exponent in sizes.hot_zipf:
+        try:
+            out["rows"] += hot_tier_sweep(sizes, exponent, progress)
+        except Exception as e:       # noqa: BLE001
+            out["rows"].append({"name": f"zipf {exponent}", "zipf": exponent, "error": _error(e)})
+        cleanup()
+    out["notes"].append(
+        f"HybridHash's hot tier (Algorithm 1) on a stream of {sizes.hot_steps} steps of {sizes.hot_batch} x "
+        f"{sizes.hot_ids_per_example} Zipf ids over {sizes.hot_vocab:,} (ranks permuted to ids), one table of dim "
+        f"{sizes.hot_dim}, Adagrad; warm-up {sizes.hot_warmup} steps, hot set refreshed every {sizes.hot_refresh}. "
+        "Hot-tier sizes are shares of the stream's distinct ids. A hit is a step's distinct id that the cache held "
+        "when the step began; hit ratios are hits / distinct ids over the steps after the warm-up, the same "
+        "stream for every cache: Algorithm 1 as the storage's counters report it; LRU (the ids looked up last, "
+        "in stream order); Belady's MIN (clairvoyant: it keeps the ids looked up again soonest; the optimum of "
+        "caches that take an id in when a step looks it up); best fixed set (clairvoyant: the ids looked up in "
+        "most of those steps, held throughout). samples/s: each model after the stream, timed interleaved on "
+        f"{sizes.batches} more batches of the stream, repeated; without a GPU the hot tier is a CPU array, so "
+        "both tiers are in DRAM and the column shows the tier's bookkeeping, not a faster memory.")
     return out
 
 
