@@ -41,10 +41,11 @@ class HotTier:
 
     def count(self, keys, hit, position):
         """Counts one lookup of each hot key among the step's distinct `keys` (the cold
-        tier counts the others) and the step's hits; returns the op."""
-        hot = tf.boolean_mask(position, hit)
+        tier counts the others; `hit` None: every key is hot) and the step's hits;
+        returns the op."""
+        hot = position if hit is None else tf.boolean_mask(position, hit)
         return tf.group(self.counts.scatter_add(tf.IndexedSlices(tf.ones_like(hot, tf.int64), hot)),
-                        self.hits.assign_add(tf.reduce_sum(tf.cast(hit, tf.int64))),
+                        self.hits.assign_add(tf.size(hot, out_type=tf.int64)),
                         self.lookups.assign_add(tf.size(keys, out_type=tf.int64)))
 
     def due(self, step):

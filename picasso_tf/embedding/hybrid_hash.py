@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hot_tier import HotTier
-from picasso_tf.embedding.row_keys import ID_BITS, keys_of, positions_of
+from picasso_tf.embedding.row_keys import ID_BITS, keys_of, positions_of, row_id
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.errors import UnsupportedModelError
@@ -49,10 +49,16 @@ class HybridHashTables(EmbeddingStorage):
             self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"picasso_hash_updates/{layout.name}")
         self.hot = (HotTier(layout.hot_rows, layout.dim, warmup, refresh_every, layout.name)
                     if layout.hot_rows else None)
+        held = [len(self._held(m)) for m in layout.members]
+        # A hot tier that holds every row holds them in key order, for good: a key's
+        # position follows from its member and id, with no search.
+        self.all_hot = self.hot is not None and self.hot.capacity >= sum(held)
+        self._first_position = np.cumsum([0] + held[:-1]).astype(np.int64)
         self.optimizer = None       # the RowSparseOptimizer it was bound to
         self._slots = []            # per member, the Keras optimizer's slot variable, or None
         self._written_at = None     # self.updates when the originals last held the rows
-        self.read_back()
+        with tf.init_scope():       # the model may be rewritten while a step is traced
+            self.read_back()
 
     def kernel_inputs(self):
         return []       # every lookup of the group reads the rows fetched per step
@@ -73,6 +79,11 @@ class HybridHashTables(EmbeddingStorage):
         1's FCounter)."""
         if self.hot is None:
             return (self.table.find_or_insert(keys) if training else self.table.lookup(keys)[0]), None
+        if self.all_hot:
+            position = self._position(keys)
+            counted = [self.hot.count(keys, None, position)] if training else []
+            with tf.control_dependencies(counted):
+                return tf.gather(self.hot.rows, position), tf.size(keys, out_type=tf.int64)
         hit, position = self.hot.locate(keys)
         hot, cold = tf.where(hit)[:, 0], tf.where(tf.logical_not(hit))[:, 0]
         cold_keys = tf.gather(keys, cold)
@@ -82,6 +93,11 @@ class HybridHashTables(EmbeddingStorage):
             hot_rows = tf.gather(self.hot.rows, tf.gather(position, hot))
         rows = tf.dynamic_stitch([tf.cast(hot, tf.int32), tf.cast(cold, tf.int32)], [hot_rows, cold_rows])
         return rows, tf.size(hot, out_type=tf.int64)
+
+    def _position(self, keys):
+        """Where the keys' rows sit in a hot tier that holds every row."""
+        member = tf.cast(tf.bitwise.right_shift(keys, tf.constant(ID_BITS, tf.int64)), tf.int32)
+        return tf.gather(tf.constant(self._first_position), member) + row_id(keys) // self.world.size
 
     def bind(self, optimizer):
         """Ties the table's slots to `optimizer` (a RowSparseOptimizer) before a
@@ -112,13 +128,14 @@ class HybridHashTables(EmbeddingStorage):
     def apply_fetched(self, keys, row_grads, iteration):
         """Updates the rows of the distinct `keys` from their summed gradients (in the
         tier each is in), then refreshes the hot set when it is due."""
+        if self.all_hot:
+            with tf.control_dependencies([self._apply_hot(self._position(keys), row_grads, iteration)]):
+                return self.updates.assign_add(1)
         cold_keys, cold_grads, applied = keys, row_grads, []
         if self.hot is not None:
             hit, position = self.hot.locate(keys)
-            slots = {"accumulator": self.hot.slot} if self.optimizer.slot_names else {}
-            update = self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False)
-            applied.append(sparse_apply.apply(self.hot.rows, tf.boolean_mask(position, hit),
-                                              tf.boolean_mask(row_grads, hit), update, lazy=True))
+            applied.append(self._apply_hot(tf.boolean_mask(position, hit), tf.boolean_mask(row_grads, hit),
+                                           iteration))
             miss = tf.logical_not(hit)
             cold_keys, cold_grads = tf.boolean_mask(keys, miss), tf.boolean_mask(row_grads, miss)
         update = self._update(self.optimizer, iteration)
@@ -133,6 +150,12 @@ class HybridHashTables(EmbeddingStorage):
             return counted
         with tf.control_dependencies([counted]):
             return tf.cond(self.hot.due(tf.convert_to_tensor(iteration, tf.int64)), self._refresh, tf.no_op)
+
+    def _apply_hot(self, positions, row_grads, iteration):
+        """The fused update of the hot rows at `positions` (each once)."""
+        slots = {"accumulator": self.hot.slot} if self.optimizer.slot_names else {}
+        update = self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False)
+        return sparse_apply.apply(self.hot.rows, positions, row_grads, update, lazy=True)
 
     def _update(self, optimizer, iteration):
         # The update's hyper-parameters, as the fused updates compute them (its slots: placeholders).
@@ -195,8 +218,7 @@ class HybridHashTables(EmbeddingStorage):
         else:
             counts = self._current()[3] if self._written_at is not None else tf.zeros_like(keys)
             self.table.import_(keys, values, slot[None], counts)
-            every = self.hot.capacity >= int(tf.size(keys))
-            self.hot.load(keys, values, slot, tf.range(tf.size(keys)) if every else self.hot.loaded(keys))
+            self.hot.load(keys, values, slot, tf.range(tf.size(keys)) if self.all_hot else self.hot.loaded(keys))
         self._written_at = int(self.updates.numpy())
 
 

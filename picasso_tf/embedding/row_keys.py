@@ -47,18 +47,23 @@ def table_number(keys):
 
 def _checked(layout, requests, flat):
     """The ids, with an error naming the feature and the id unless every id lies in
-    its table (an id outside would be fetched from a wrong row)."""
-    ids = tf.concat(flat, 0)
-    rows = tf.concat([tf.fill([tf.size(f)], tf.constant(layout.members[x.member].rows, tf.int64))
-                      for (x, _), f in zip(requests, flat)], 0)
-    site = tf.concat([tf.fill([tf.size(f)], i) for i, f in enumerate(flat)], 0)
-    bad = tf.logical_or(ids < 0, ids >= rows)
-    first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32)
-    features = tf.constant([x.feature for x, _ in requests])
-    check = tf.debugging.Assert(
-        tf.logical_not(tf.reduce_any(bad)),
-        ["picasso_tf: ids of feature", tf.gather(features, tf.gather(site, first)), "must lie in [0,",
-         tf.gather(rows, first), "): got", tf.gather(ids, first),
-         "; raise the feature's vocabulary size or hash its ids into that range"], summarize=1)
-    with tf.control_dependencies([check]):
+    its table (an id outside would be fetched from a wrong row). The check is one
+    comparison per id; the message is assembled only when it fails."""
+    rows = [layout.members[x.member].rows for x, _ in requests]
+    bad = tf.reduce_any(tf.stack([tf.reduce_any(tf.logical_or(f < 0, f >= r)) for f, r in zip(flat, rows)]))
+
+    def fail():
+        ids = tf.concat(flat, 0)
+        limit = tf.concat([tf.fill([tf.size(f)], tf.constant(r, tf.int64)) for f, r in zip(flat, rows)], 0)
+        site = tf.concat([tf.fill([tf.size(f)], i) for i, f in enumerate(flat)], 0)
+        first = tf.argmax(tf.cast(tf.logical_or(ids < 0, ids >= limit), tf.int32), output_type=tf.int32)
+        features = tf.constant([x.feature for x, _ in requests])
+        message = ["picasso_tf: ids of feature", tf.gather(features, tf.gather(site, first)), "must lie in [0,",
+                   tf.gather(limit, first), "): got", tf.gather(ids, first),
+                   "; raise the feature's vocabulary size or hash its ids into that range"]
+        with tf.control_dependencies([tf.debugging.Assert(False, message, summarize=1)]):
+            return tf.constant(False)
+
+    checked = tf.cond(bad, fail, lambda: tf.constant(True))
+    with tf.control_dependencies([checked]):
         return [tf.identity(f) for f in flat]
