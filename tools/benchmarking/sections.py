@@ -541,7 +541,8 @@ def run_ablation(sizes, progress):
     out["notes"].append("interleaving=False: interleaving is off by default (micro_batches=1, interleave_groups=1: "
                         "neither pays on this CPU, benchmarks/interleaving_sweep.txt), so the full configuration runs "
                         "the same graph and the column shows run-to-run noise; hybrid_hash=True keeps the packed groups in "
-                        "the hash table (the cold tier; no hot tier yet). "
+                        "hash tables behind the default hot tier (hot_storage_bytes, refreshed every 100 steps; on "
+                        "this CPU both tiers sit in the same memory). "
                         "Schemas: the paper's layouts (see ops) scaled by "
                         + ", ".join(f"{m} {sizes.ablation_scale.get(m, 1.0):g}" for m in sizes.ablation_models)
                         + f"; vocabulary {sizes.scaling_vocab:,}, sequences of {sizes.alibaba_seq_len}.")
