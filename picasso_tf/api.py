@@ -24,6 +24,7 @@ from picasso_tf.distributed.exchange import RowExchange
 from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
                                           take_same_number_of_batches)
 from picasso_tf.embedding.hybrid_hash import HashRowFetch, HybridHashTables
+from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer
 from picasso_tf.embedding.sharded import RowShardedTables
 from picasso_tf.embedding.storage import make_storage
 from picasso_tf.errors import UnsupportedModelError
@@ -297,6 +298,15 @@ class PicassoModel(tf.keras.Model):
         if hit_ratio is not None:
             logs["hot_hit_ratio"] = hit_ratio    # the progress bar and TensorBoard show it
         return logs
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        super().compile(optimizer, *args, **kwargs)
+        # Storage that takes only some optimizers refuses the others now, not at the first step.
+        hashed = [s for s in self.picasso.storages.values() if s.kind == HybridHashTables.kind]
+        if hashed:
+            rows_optimizer = RowSparseOptimizer.from_keras(self.optimizer, lazy=self.picasso.config.lazy_optimizer)
+            for storage in hashed:
+                storage.check(rows_optimizer)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         if save_type != "checkpoint":

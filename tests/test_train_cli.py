@@ -204,6 +204,10 @@ def test_refusal_from_picasso_optimize(tmp_path, capsys):
                  "--picasso-option", "hybrid_hash=true", "--picasso-option", "micro_batches=2")
     assert "picasso_tf.optimize refused --model lr with --picasso-option hybrid_hash=true" in line
     assert "micro_batches=2" in line
+    # an optimizer the model's storage cannot apply is refused at compile, in one line
+    line = fails(capsys, "--model", "lr", *TINY, "--mode", "picasso", *FAST, "--logdir", str(tmp_path),
+                 "--picasso-option", "hybrid_hash=true", "--optimizer", "adam")
+    assert "the picasso model refused --optimizer adam: " in line and "hybrid_hash=True" in line
     assert "no_such_option" in fails(capsys, *TINY, "--picasso-option", "no_such_option=1")
 
 

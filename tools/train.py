@@ -735,8 +735,11 @@ def run(args):
             raise UsageError(f"picasso_tf.optimize refused --model {args.model}"
                              f"{_given('--picasso-option', args.picasso_option)}: {first_line(e)}") from None
         print(f"  [picasso] graph rewritten in {time.perf_counter() - t:.1f}s", flush=True)
-    for model in models.values():
-        _compile(model, recipe, ranks)
+    for name, model in models.items():
+        try:
+            _compile(model, recipe, ranks)
+        except REFUSALS as e:
+            raise UsageError(f"the {name} model refused --optimizer {recipe['optimizer']}: {first_line(e)}") from None
 
     results = {}
     for mode in modes:

@@ -99,12 +99,8 @@ class HybridHashTables(EmbeddingStorage):
         member = tf.cast(tf.bitwise.right_shift(keys, tf.constant(ID_BITS, tf.int64)), tf.int32)
         return tf.gather(tf.constant(self._first_position), member) + row_id(keys) // self.world.size
 
-    def bind(self, optimizer):
-        """Ties the table's slots to `optimizer` (a RowSparseOptimizer) before a
-        training step is traced: refuses an optimizer the hash table cannot apply, and
-        makes the table's slots hold the Keras optimizer's."""
-        if optimizer is self.optimizer:
-            return
+    def check(self, optimizer):
+        """Refuses by name an optimizer (a RowSparseOptimizer) the hash table cannot apply."""
         with tf.init_scope():
             update = self._update(optimizer, tf.constant(0, tf.int64))
         keras_name = type(optimizer.optimizer).__name__
@@ -118,6 +114,14 @@ class HybridHashTables(EmbeddingStorage):
                 f"picasso_tf: hybrid_hash=True: the {keras_name} optimizer decays weights "
                 f"(weight_decay={optimizer.optimizer.weight_decay}), which the hash table's updates do not; set "
                 "weight_decay=None, exclude the embeddings from it, or optimize(..., hybrid_hash=False)")
+
+    def bind(self, optimizer):
+        """Ties the table's slots to `optimizer` (a RowSparseOptimizer) before a
+        training step is traced (``check`` first), and makes the table's slots hold the
+        Keras optimizer's."""
+        if optimizer is self.optimizer:
+            return
+        self.check(optimizer)
         with tf.init_scope():
             self.write_back()       # the rows trained so far, and the previous optimizer's slots
             self.optimizer = optimizer
