@@ -1,6 +1,7 @@
 """HybridHash's hot tier (paper §III-D, Algorithm 1's HStore): a dense array of the rows
-of the keys looked up most often, in fast memory (/GPU:0 when there is one), in front of
-the hash table that holds every key (the cold tier, picasso_tf.ops.hybrid_hash).
+of the keys looked up most often, in front of the hash table that holds every key (the
+cold tier, picasso_tf.ops.hybrid_hash). The paper keeps it in GPU memory; here it stays
+in host memory, beside the fused row-sparse updates that train it (CPU kernels only).
 
 While a key is in the hot tier, its row and optimizer slot there are the current ones
 (the cold tier's copy is stale) and its lookups are counted there. During the first
@@ -23,8 +24,7 @@ class HotTier:
     def __init__(self, capacity, dim, warmup, refresh_every, name):
         self.capacity, self.dim = int(capacity), int(dim)
         self.warmup, self.refresh_every = int(warmup), int(refresh_every)
-        device = "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
-        with tf.init_scope(), tf.device(device):
+        with tf.init_scope(), tf.device("/CPU:0"):
             def variable(value, what):
                 return tf.Variable(value, trainable=False, name=f"picasso_hot/{name}/{what}")
             self.keys = variable(tf.fill([self.capacity], tf.constant(EMPTY, tf.int64)), "keys")
