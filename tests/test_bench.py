@@ -142,3 +142,13 @@ def test_bad_arguments_exit_2(capsys):
     assert bench.main(["--tiny", "--tables", "nonsense"]) == 2
     assert "unknown section" in capsys.readouterr().err
     assert bench.main(["--report", "/nonexistent/results.json"]) == 2
+    assert bench.main(["--tiny", "--tables", "zoo", "--models", "nonsense"]) == 2
+    assert "unknown zoo model" in capsys.readouterr().err
+
+
+def test_models_option_runs_only_the_named_zoo_models(tmp_path):
+    out = tmp_path / "r.json"
+    assert bench.main(["--tiny", "--tables", "zoo", "--models", "dlrm", "--out", str(out), "--no-report"]) == 0
+    results = json.loads(out.read_text())
+    assert [row["model"] for row in results["sections"]["zoo"]["rows"]] == ["dlrm"]
+    assert results["command"] == "picasso-bench --tiny --tables zoo --models dlrm --out " + str(out) + " --no-report"

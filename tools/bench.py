@@ -3,6 +3,7 @@
     picasso-bench --quick                   # every section at small sizes (about 3 minutes)
     picasso-bench --full                    # the sizes of the issue and the paper's tables (< 30 min)
     picasso-bench --full --tables packing,ops
+    picasso-bench --full --tables zoo --models dien,dsin   # only these zoo models
     picasso-bench --report                  # docs/benchmarks.md (+ PNGs) from the latest results JSON
     picasso-bench --full --wait-load 2.5    # first wait (up to --wait-max minutes) for a quiet machine
 
@@ -23,6 +24,7 @@ Exit codes: 0 done (cells that failed are recorded in the JSON, not fatal); 2 ba
 arguments.
 """
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -51,6 +53,7 @@ def build_parser():
                       help="toy sizes, for tests (figures mean nothing)")
     p.add_argument("--tables", default="all",
                    help=f"comma-separated sections to run: {','.join(SECTIONS)} (default: all)")
+    p.add_argument("--models", help="comma-separated zoo models for the zoo section (default: the mode's)")
     p.add_argument("--out", help="results JSON (default benchmarks/results/<mode>.json)")
     p.add_argument("--docs", default=DEFAULT_DOCS_DIR, help="where --report writes benchmarks.md and PNGs")
     p.add_argument("--report", nargs="?", const="", metavar="JSON",
@@ -179,14 +182,27 @@ def selected_sections(text):
     return names
 
 
+def selected_models(text):
+    """The zoo models named in --models, or None (the mode's own) where it is not given."""
+    if not text:
+        return None
+    from picasso_tf import models as zoo
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in zoo.list()]
+    if unknown:
+        raise ValueError(f"unknown zoo model(s) {unknown}; choose from {', '.join(zoo.list())}")
+    return names
+
+
 def run(args, argv):
     from picasso_tf.tools.benchmarking.sections import MODES as SIZES
     from picasso_tf.tools.benchmarking.sections import RUNNERS
     mode = args.mode or "quick"
     sections = selected_sections(args.tables)
+    models = selected_models(args.models)
     if args.wait_load:
         wait_for_load(args.wait_load, args.wait_max)
-    sizes = SIZES[mode]
+    sizes = SIZES[mode] if models is None else dataclasses.replace(SIZES[mode], zoo_models=models)
     out_path = args.out or os.path.join(DEFAULT_RESULTS_DIR, f"{mode}.json")
     results = {
         "suite": "picasso-bench",
@@ -283,6 +299,7 @@ def main(argv=None):
             report_only(args)
             return 0
         selected_sections(args.tables)
+        selected_models(args.models)
     except (ValueError, FileNotFoundError) as e:
         sys.stderr.write(f"picasso-bench: error: {e}\n")
         return EXIT_USAGE
