@@ -7,6 +7,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from picasso_tf.graph.inline import register_library
+from picasso_tf.graph.specialize import specialize_loops
 
 
 def feature_names(specs):
@@ -84,7 +85,8 @@ def _describe(tensor):
 def import_forward(graph_def, input_tensors, inputs, captures, output_tensors, name="picasso"):
     """Imports graph_def into the current graph with `inputs` (flat, aligned with
     input_tensors) and `captures` (placeholder tensor -> variable or tensor) fed in, and
-    returns the tensors named in output_tensors."""
+    returns the tensors named in output_tensors. Its loops get the static shapes of what
+    is fed in (graph/specialize.py)."""
     graph = tf.compat.v1.get_default_graph()
     if not hasattr(graph, "capture"):
         raise RuntimeError("import_forward must run while tracing a tf.function")
@@ -94,8 +96,11 @@ def import_forward(graph_def, input_tensors, inputs, captures, output_tensors, n
     for placeholder, value in captures.items():
         # Outside (eager) tensors must become captures of the function being traced.
         input_map[placeholder] = graph.capture(value.handle if isinstance(value, tf.Variable) else value)
-    return tf.graph_util.import_graph_def(
+    first = len(graph.get_operations())
+    returned = tf.graph_util.import_graph_def(
         graph_def, input_map=input_map, return_elements=list(output_tensors), name=name)
+    specialize_loops(graph.get_operations()[first:])
+    return returned
 
 
 
