@@ -94,6 +94,16 @@ class PicassoInfo:
         for storage in self.storages.values():
             storage.read_back()
 
+    def check_optimizer(self, optimizer):
+        """Refuses a Keras optimizer that some storage cannot apply, before training
+        (the first training step refuses it too). PicassoModel does not override
+        compile() to call this: Keras would then skip compiling a model it loads."""
+        hashed = [s for s in self.storages.values() if s.kind == HybridHashTables.kind]
+        if hashed:
+            rows_optimizer = RowSparseOptimizer.from_keras(optimizer, lazy=self.config.lazy_optimizer)
+            for storage in hashed:
+                storage.check(rows_optimizer)
+
     def export(self, directory):
         """Writes a SavedModel of the original model with the trained weights, which
         stock TensorFlow loads and serves without picasso_tf (picasso_tf.export)."""
@@ -298,15 +308,6 @@ class PicassoModel(tf.keras.Model):
         if hit_ratio is not None:
             logs["hot_hit_ratio"] = hit_ratio    # the progress bar and TensorBoard show it
         return logs
-
-    def compile(self, optimizer="rmsprop", *args, **kwargs):
-        super().compile(optimizer, *args, **kwargs)
-        # Storage that takes only some optimizers refuses the others now, not at the first step.
-        hashed = [s for s in self.picasso.storages.values() if s.kind == HybridHashTables.kind]
-        if hashed:
-            rows_optimizer = RowSparseOptimizer.from_keras(self.optimizer, lazy=self.picasso.config.lazy_optimizer)
-            for storage in hashed:
-                storage.check(rows_optimizer)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         if save_type != "checkpoint":

@@ -155,8 +155,12 @@ def test_recompiling_continues_from_the_trained_rows():
     (lambda: tf.keras.optimizers.Adagrad(0.1, weight_decay=0.01), "weight_decay=0.01")])
 def test_optimizers_the_hash_table_cannot_apply_are_refused_by_name(make, named):
     model = hashed()
+    model.compile(optimizer=make(), loss="binary_crossentropy")
     with pytest.raises(UnsupportedModelError, match=f"hybrid_hash=True.*{named}"):
-        model.compile(optimizer=make(), loss="binary_crossentropy")
+        model.picasso.check_optimizer(model.optimizer)      # before training
+    x, y = batches(1)[0]
+    with pytest.raises(UnsupportedModelError, match=f"hybrid_hash=True.*{named}"):
+        model.train_on_batch(x, y)
 
 
 def test_an_id_out_of_range_names_the_feature_and_changes_nothing():

@@ -449,6 +449,8 @@ def _compile(model, recipe, ranks):
         hvd.broadcast_variables(model.variables, root_rank=0)
         optimizer = hvd_keras.DistributedOptimizer(optimizer)
     model.compile(optimizer=optimizer, loss="binary_crossentropy", metrics=[tf.keras.metrics.AUC(name="auc")])
+    if hasattr(model, "picasso"):
+        model.picasso.check_optimizer(model.optimizer)
     return model
 
 
