@@ -1,21 +1,35 @@
 """Interleaving sweeps (the paper's Fig. 14/15 on this CPU): samples/s and peak memory
-of the zoo's wide_deep, can and mmoe on criteo-like data with micro_batches 1-8 from
-the embedding layer, 2, 4 and 8 from the MLP, and interleave_groups 2-11, as ratios
-against the same model at micro_batches=1, interleave_groups=1.
+of the zoo's wide_deep, can and mmoe with micro_batches 1-8 from the embedding layer,
+2, 4 and 8 from the MLP, and interleave_groups 2-11, as ratios against the same model
+at micro_batches=1, interleave_groups=1.
 
-    python benchmarks/interleaving_sweep.py [batch]          # default 4096
+    python benchmarks/interleaving_sweep.py [batch] [--models can,mmoe] [--ks 2,4,8] [--groups 2,4]
+                                            [--rounds 5] [--steps 6] [--no-peak]
     python benchmarks/interleaving_sweep.py breakdown [batch]  # W&D's per-op times, K=1 / 2 / 2 from the MLP
+
+batch: default 4096. --models: default all three. --ks: the K > 1 to time, each from the
+embedding and from the MLP (default 2-8 from the embedding, 2, 4, 8 from the MLP).
+--groups: the N > 1 to time (default 2 up to min(11, fused lookups)).
+
+Data: wide_deep on criteo-like data (picasso_tf.data.synthetic, 100,000 buckets); can
+and mmoe on the paper's Product-2/3 field layouts as picasso-bench's ablation builds
+them (tools/benchmarking/sections.py: paper_schema scaled by can 0.2, mmoe 1;
+vocabulary 10,000, behaviour sequences of 50; CAN's co-action fed by 4 fields).
 
 Every timed variant is a copy of one model with the same weights and batches
 (picasso_tf.tools.benchmarking: build_trio, measure; 5 rounds of 6 steps, variants
 taking turns); the ratio is the median over rounds of variant / (K=1, N=1), with its
 min-max. Groups chain every fused lookup (interleave_excluded=()), and a model has
 only as many groups as fused lookups, so N stops there. Peak memory is the step's
-peak RSS in a fresh process per setting (benchmarks/micro_batch_memory.py).
+peak RSS in a fresh process per setting, measured as benchmarks/micro_batch_memory.py
+does (that script: criteo-like data at batch 65536); not for the N variants.
 """
+import argparse
 import dataclasses
+import json
 import os
 import platform
+import subprocess
 import sys
 
 import picasso_tf
@@ -23,38 +37,79 @@ import picasso_tf.models as zoo
 from picasso_tf.tools.benchmarking import sections as bench_sections
 from picasso_tf.tools.benchmarking.timing import measure
 
-sys.path.insert(0, os.path.dirname(__file__))
-from micro_batch_memory import run as peak_memory  # noqa: E402
-
 MODELS = ("wide_deep", "can", "mmoe")
+SIZES = dataclasses.replace(bench_sections.MODES["full"], rounds=5, steps=6, batches=2)
 
 
-def variants(lookups):
-    out = {f"K={k}": {"micro_batches": k} for k in range(2, 9)}
-    out.update({f"K={k} mlp": {"micro_batches": k, "interleave_from": "mlp"} for k in (2, 4, 8)})
-    out.update({f"N={n}": {"interleave_groups": n, "interleave_excluded": ()} for n in range(2, min(11, lookups) + 1)})
+def model_and_data(name, rows):
+    """(a no-argument builder of zoo model `name`, `rows` examples of its data)."""
+    if name == "wide_deep":
+        data = bench_sections.criteo_data(SIZES, rows, max_buckets=100_000)
+        return (lambda: zoo.build(name, data.schema)), data
+    from picasso_tf.data import generate
+    schema = bench_sections.paper_schema(name, SIZES.ablation_scale.get(name, 1.0), vocab=SIZES.scaling_vocab,
+                                         seq_len=SIZES.alibaba_seq_len)
+    data = generate(schema, rows, seed=SIZES.seed, zipf_exponent=SIZES.zipf)
+    return bench_sections.zoo_builder(name, schema, data, SIZES, limit_feeders=True), data
+
+
+def peak_child(name, k, start, batch):
+    """In a fresh process: the peak RSS of one step over `batch` examples above the RSS
+    before it (as benchmarks/micro_batch_memory.py measures it), printed as JSON."""
+    import tensorflow as tf
+
+    def status(key):
+        return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
+    build, data = model_and_data(name, int(batch))
+    x, y = data.features, data.label_dict
+    small = data.take(range(64))
+    model = picasso_tf.optimize(build(), micro_batches=int(k), interleave_from=start)
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy")
+    model.train_on_batch(small.features, small.label_dict)   # the optimizer's slots
+    model.train_on_batch(x, y)                               # traced for this batch size
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                                         # VmHWM := VmRSS
+    before = status("VmRSS")
+    model.train_on_batch(x, y)
+    print(json.dumps({"peak": status("VmHWM") - before}))
+
+
+def peak_memory(name, k, start, batch):
+    # The default CPU allocator (oneDNN off) returns what it frees, so the peak is the step's own.
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
+    out = subprocess.run([sys.executable, __file__, "peak", name, str(k), start, str(batch)], capture_output=True,
+                         text=True, env=env)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def variants(lookups, ks=None, groups=None):
+    out = {f"K={k}": {"micro_batches": k} for k in (ks or range(2, 9))}
+    out.update({f"K={k} mlp": {"micro_batches": k, "interleave_from": "mlp"} for k in (ks or (2, 4, 8))})
+    out.update({f"N={n}": {"interleave_groups": n, "interleave_excluded": ()}
+                for n in (groups or range(2, min(11, lookups) + 1)) if n <= lookups})
     return out
 
 
-def main(batch=4096):
-    sizes = dataclasses.replace(bench_sections.MODES["full"], rounds=5, steps=6, batches=2)
+def main(batch=4096, models=MODELS, ks=None, groups=None, rounds=None, steps=None, with_peaks=True):
+    sizes = dataclasses.replace(SIZES, rounds=rounds or SIZES.rounds, steps=steps or SIZES.steps)
     print(f"batch {batch}; {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
           f"load {os.getloadavg()[0]:.1f}; command: python {' '.join(sys.argv)}")
-    data = bench_sections.criteo_data(sizes, batch * sizes.batches, max_buckets=100_000)
     print(f"{'model':<10} {'variant':<10} {'samples/s':>10} {'vs K=1':>7} {'(min-max)':>11} {'peak MiB':>9} "
           f"{'vs K=1':>7}")
-    for name in MODELS:
-        build = lambda: zoo.build(name, data.schema)                       # noqa: E731
+    for name in models:
+        build, data = model_and_data(name, batch * sizes.batches)
         lookups = len(picasso_tf.optimize(build(), example_inputs=data.take(range(8)).features)
                       .picasso.program.lookups["training"])
-        extra = variants(lookups)
+        extra = variants(lookups, ks, groups)
         trio, _ = bench_sections.build_trio(build, data, batch, "adagrad", sizes, with_bound=False, extra=extra)
         timed = [v for v in trio.variants if v.name != "baseline"]
         result = measure(timed, sizes.rounds, sizes.steps, sizes.warmup_steps,
                          pairs=[(v, "picasso") for v in extra])
         peaks = {}
         for variant, options in [("picasso", {})] + list(extra.items()):
-            if "interleave_groups" not in options:
+            if with_peaks and "interleave_groups" not in options:
                 peaks[variant] = peak_memory(name, options.get("micro_batches", 1),
                                              options.get("interleave_from", "embedding"), batch)["peak"]
         for variant in ["picasso"] + list(extra):
@@ -93,8 +148,26 @@ def breakdown(batch=4096):
             print(f"   {r['op']:<36} {r['ms_per_step']:7.2f} ms  x{r['ops_per_step']:.0f}")
 
 
+def _ints(text):
+    return tuple(int(a) for a in text.split(","))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["breakdown"]:
         breakdown(*(int(a) for a in sys.argv[2:]))
+    elif sys.argv[1:2] == ["peak"]:
+        peak_child(*sys.argv[2:])
     else:
-        main(*(int(a) for a in sys.argv[1:]))
+        parser = argparse.ArgumentParser(description="Interleaving sweeps (Fig. 14/15)")
+        parser.add_argument("batch", nargs="?", type=int, default=4096)
+        parser.add_argument("--models", type=lambda t: tuple(t.split(",")), default=MODELS)
+        parser.add_argument("--ks", type=_ints, default=None, help="K > 1, from the embedding and from the MLP")
+        parser.add_argument("--groups", type=_ints, default=None, help="interleave_groups N > 1")
+        parser.add_argument("--rounds", type=int, default=None, help="default 5")
+        parser.add_argument("--steps", type=int, default=None, help="steps per variant and round; default 6")
+        parser.add_argument("--no-peak", action="store_true", help="no peak-memory column (a fresh process each)")
+        args = parser.parse_args()
+        unknown = set(args.models) - set(MODELS)
+        if unknown:
+            parser.error(f"unknown models {sorted(unknown)}; choose from {', '.join(MODELS)}")
+        main(args.batch, args.models, args.ks, args.groups, args.rounds, args.steps, not args.no_peak)
