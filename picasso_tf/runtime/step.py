@@ -114,8 +114,9 @@ class TrainingStep:
     embedding table (original or storage) whose gradient must stay row-sparse, except
     those in densely_read (the model reads them whole, so their gradient is dense in the
     original model too); fused: the FusedTableUpdate of the storages, or None;
-    fetched_rows: what HashRowFetch.take gives, the hash storages' rows fetched by the
-    forward pass being traced, whose gradients update them."""
+    fetched_rows: FetchedRowsLog.take of the forward pass's fetch (picasso_tf.embedding.
+    hybrid_hash): the hash storages' rows fetched by the forward pass being traced,
+    whose gradients update them."""
 
     def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=(),
                  fetched_rows=lambda: []):
@@ -160,6 +161,9 @@ class TrainingStep:
         row gradients summed per row (the fused updates take each row once)."""
         if len(micro_batches) == 1:
             return micro_batches[0]
+        if any(g.fetched for g in micro_batches):
+            # Each micro-batch's fetch would update its rows apart (the hybrid_hash pass refuses this).
+            raise AssertionError("picasso_tf: micro-batches over hash storage; please report this model")
         return Gradients(tables=_sum_per_variable([g.tables for g in micro_batches]),
                          dense=_sum_per_variable([g.dense for g in micro_batches]),
                          updated_in_gradient=[v for g in micro_batches for v in g.updated_in_gradient],
