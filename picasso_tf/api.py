@@ -14,11 +14,13 @@ and owns train_step: the rewritten graph's forward pass and the staged training 
 model's: the same variables (the tables are read in place) and the Keras optimizer's
 slots at the same positions, so either model restores the other's.
 """
+import contextlib
 import functools
 
 import tensorflow as tf
 
 from picasso_tf.compiler import compile_program
+from picasso_tf.distributed.checkpoint import save_sharded_weights
 from picasso_tf.config import Config
 from picasso_tf.distributed.exchange import RowExchange
 from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
@@ -83,10 +85,30 @@ class PicassoInfo:
     def write_back(self):
         """Makes the original model's tables (and the optimizer's slots of them) hold the
         storage's rows, for checkpoints and export; tables read in place already do.
-        Under hybrid parallelism this gathers every rank's shards: call it (and save,
-        which calls it) on every rank."""
+        Under hybrid parallelism this gathers every rank's shards whole into every rank's
+        originals: call it on every rank. They hold the rows until ``release()`` (which
+        fit, evaluate, predict and save_weights call) frees them again."""
         for storage in self.storages.values():
             storage.write_back()
+
+    def release(self):
+        """Frees the row-sharded tables' originals gathered by write_back (each rank's
+        shards hold the rows); nothing to do elsewhere."""
+        for storage in self._row_sharded():
+            storage.release()
+
+    def _row_sharded(self):
+        return [s for s in self.storages.values() if isinstance(s, RowShardedTables)]
+
+    @contextlib.contextmanager
+    def whole_tables(self):
+        """The original model's variables hold every row inside (a collective under
+        hybrid parallelism, and on return the row-sharded ones are freed again)."""
+        self.write_back()
+        try:
+            yield
+        finally:
+            self.release()
 
     def read_back(self):
         """Makes the storage hold the original model's tables again (after they were
@@ -107,8 +129,8 @@ class PicassoInfo:
     def export(self, directory):
         """Writes a SavedModel of the original model with the trained weights, which
         stock TensorFlow loads and serves without picasso_tf (picasso_tf.export)."""
-        self.write_back()
-        export_saved_model(self.original, directory)
+        with self.whole_tables():
+            export_saved_model(self.original, directory)
 
     def report(self):
         """A readable summary of what was rewritten."""
@@ -336,14 +358,27 @@ class PicassoModel(tf.keras.Model):
     # hybrid parallelism that gathers every rank's shards, so every rank calls save, and
     # rank 0 alone writes (the ranks would otherwise write the same files at once).
     def save(self, *args, **kwargs):
-        self.picasso.write_back()
-        if current_world().rank == 0:
-            return super().save(*args, **kwargs)
+        with self.picasso.whole_tables():
+            if current_world().rank == 0:
+                return super().save(*args, **kwargs)
 
-    def save_weights(self, *args, **kwargs):
-        self.picasso.write_back()
-        if current_world().rank == 0:
-            return super().save_weights(*args, **kwargs)
+    def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
+        """As keras.Model.save_weights. Under hybrid parallelism every rank calls it; in
+        TensorFlow's checkpoint format each rank writes its own rows of the row-sharded
+        tables and rank 0 merges them (picasso_tf.distributed.checkpoint), so no rank
+        holds a whole table; the one-file formats (.h5) gather the tables first."""
+        world = current_world()
+        sharded = self.picasso._row_sharded()
+        if world.distributed and sharded and _tensorflow_format(filepath, save_format):
+            self.picasso.release()
+            return save_sharded_weights(self, filepath, [b for s in sharded for b in s.held_blocks()], world, options)
+        with self.picasso.whole_tables():
+            if world.rank == 0:
+                return super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+
+    def get_weights(self):
+        with self.picasso.whole_tables():
+            return super().get_weights()
 
     def load_weights(self, *args, **kwargs):
         status = super().load_weights(*args, **kwargs)
@@ -358,12 +393,15 @@ class PicassoModel(tf.keras.Model):
     # stopped early would leave the others waiting in a collective. Given a step count
     # (the same on every rank), Keras stops there; else datasets are cut to the shortest.
     def fit(self, x=None, *args, **kwargs):
+        self.picasso.release()
         return super().fit(self._same_length_on_every_rank(x, kwargs.get("steps_per_epoch")), *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
+        self.picasso.release()
         return super().evaluate(self._same_length_on_every_rank(x, kwargs.get("steps")), *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
+        self.picasso.release()
         return super().predict(self._same_length_on_every_rank(x, kwargs.get("steps")), *args, **kwargs)
 
     def _same_length_on_every_rank(self, x, steps):
@@ -371,3 +409,10 @@ class PicassoModel(tf.keras.Model):
         if not world.distributed or not isinstance(x, tf.data.Dataset) or steps is not None:
             return x
         return take_same_number_of_batches(x, world)
+
+
+def _tensorflow_format(filepath, save_format):
+    """Whether keras.Model.save_weights writes TensorFlow's checkpoint format."""
+    if save_format is not None:
+        return save_format.lower().strip() in ("tf", "tensorflow")
+    return not str(filepath).endswith((".h5", ".hdf5", ".keras"))

@@ -115,6 +115,41 @@ def test_checkpoints_restore_on_another_number_of_ranks(trained, tmp_path, saved
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_rank_holds_only_its_block_of_each_sharded_table(trained):
+    """Row-sharding lowers a rank's memory: after 20 steps of Adam, each rank's shard of
+    every table and of each of its slots holds that rank's contiguous block of
+    ceil(rows / 2) rows (the last block the rest, a 1-row table's second block none),
+    and the original variables hold no rows."""
+    held = [json.load(open(trained / "out2" / f"adam.rank{r}.rows.json")) for r in range(2)]
+    assert held[0].keys() == held[1].keys() and len(held[0]) == 15      # 5 tables, Adam's m and v of each
+    for name in held[0]:
+        rows = held[0][name]["rows"]
+        block = -(-rows // 2)
+        assert [h[name]["held"] for h in held] == [min(rows, block), rows - min(rows, block)], name
+        assert [h[name]["shard"] for h in held] == [max(h[name]["held"], 1) for h in held], name
+        assert [h[name]["original"] for h in held] == [0, 0], name
+    assert held[0]["user_emb/embeddings:0"]["shard"] == held[1]["user_emb/embeddings:0"]["shard"] == 500
+
+
+def test_a_two_rank_checkpoint_restores_into_the_plain_model(trained):
+    """The ranks' parts merge into the plain model's checkpoint: Keras restores it whole
+    into the model without picasso_tf, Adam's slots too."""
+    sys.path.insert(0, WORKERS)
+    import hybrid_training as worker
+    import tensorflow as tf
+    model = worker.build()
+    model.compile(worker.OPTIMIZERS["adam"](), "binary_crossentropy")
+    model.load_weights(str(trained / "ckpt2" / "adam" / "ckpt"))
+    model.optimizer.build(model.trainable_variables)
+    tables = dict(tf.train.list_variables(str(trained / "ckpt2" / "adam" / "ckpt")))
+    assert tables["layer_with_weights-0/embeddings/.ATTRIBUTES/VARIABLE_VALUE"] == [1000, 8]
+    restored = model.get_weights() + [v.numpy() for v in model.optimizer.variables if v.shape.rank == 2]
+    saved = _arrays(trained / "out2" / "adam.npz")
+    assert len(saved) == len(restored)
+    for a, b in zip(saved, restored):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_hash_backed_shards_restore_into_one_process(trained, tmp_path):
     """A checkpoint of hash-backed tables sharded over 2 ranks holds whole tables: one
     process restores it into hash storage, and trains on as from tables (up to the

@@ -1,6 +1,7 @@
 """The row exchange of hybrid parallelism: each step, every rank fetches the rows its
-batch looks up from the ranks that hold them (rank id % size holds row id of every
-sharded table), in two AllToAllv for all groups together.
+batch looks up from the ranks that hold them, in two AllToAllv for all groups
+together. A row-sharded table's row id lives on rank id // block (picasso_tf.embedding.
+sharded: contiguous blocks), a hash-backed table's on rank id % size.
 
 Requester (every rank, for its batch): per group, the ids of its sites become keys
 (table number << 40 | id), deduplicated, and are partitioned by owner. One buffer
@@ -26,6 +27,7 @@ import tensorflow as tf
 from picasso_tf.distributed.world import hvd
 from picasso_tf.embedding.hybrid_hash import FetchedRowsLog, HybridHashTables
 from picasso_tf.embedding.row_keys import ID_BITS, check_table_count, keys_of, positions_of, row_id, table_number
+from picasso_tf.embedding.sharded import RowShardedTables
 from picasso_tf.ops.packed_lookup import packed_lookup
 from picasso_tf.ops.read_tables import read_tables
 
@@ -44,6 +46,11 @@ class RowExchange:
         check_table_count(len(tables))
         self.group_of_table = tf.constant([g for g, _ in tables], tf.int32)
         self.member_of_table = tf.constant([m for _, m in tables], tf.int32)
+        sharded = [self.storages[g] if self.storages[g].kind == RowShardedTables.kind else None for g, _ in tables]
+        # Per table: rows per rank, and this rank's first row (row-sharded tables only).
+        self.block_of_table = tf.constant([s.blocks[m] if s else 1 for s, (_, m) in zip(sharded, tables)], tf.int64)
+        self.first_row_of_table = tf.constant([s.first_row(m) if s else 0 for s, (_, m) in zip(sharded, tables)],
+                                              tf.int64)
 
     def fetch(self, requests):
         """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
@@ -83,7 +90,10 @@ class RowExchange:
             return [empty] * size, [], tf.zeros([size], tf.int32)
         keys, sizes = keys_of(storage.layout, requests, self.first_table[storage.name], self.check_ids)
         unique, index = tf.unique(keys)
-        owner = tf.cast(row_id(unique) % size, tf.int32)
+        if storage.kind == RowShardedTables.kind:
+            owner = tf.cast(row_id(unique) // tf.gather(self.block_of_table, table_number(unique)), tf.int32)
+        else:
+            owner = tf.cast(row_id(unique) % size, tf.int32)
         by_owner = tf.dynamic_partition(unique, owner, size)
         order = tf.dynamic_partition(tf.range(tf.size(unique)), owner, size)
         # Fetched rows come back owner by owner: a key's row lands at its place in that order.
@@ -128,7 +138,7 @@ class RowExchange:
             if self.training:
                 self.log.record(storage, own, rows, hits)
             return rows
-        local = row_id(keys) // self.world.size
+        local = row_id(keys) - tf.gather(self.first_row_of_table, table_number(keys))
         ids = tf.dynamic_partition(local, member, members)
         order = tf.dynamic_partition(tf.range(tf.size(keys)), member, members)
         shards = storage.variables()

@@ -1,17 +1,27 @@
-"""The row-sharded storage kind (hybrid parallelism): each rank holds the rows
-id % size == rank of every member table, as a shard variable whose row j is the
-table's row j * size + rank, with shards of the optimizer's slots alike.
+"""The row-sharded storage kind (hybrid parallelism): each rank holds one contiguous
+block of rows of every member table, rows [rank * block, (rank + 1) * block) with
+block = ceil(rows / size), as a shard variable, with shards of the optimizer's slots
+alike. Hot ids spread over the blocks as long as ids are hashed or permuted, as CTR
+ids are; ids ordered by popularity would load the first rank most.
 
-The kernels do not read it in place: each step's exchange
+Each table's rows are held once over the ranks: once a shard is cut, the original
+variable (and each Keras slot of it) is released on every rank, holding [0, ...] until
+``write_back`` gathers it whole again (export, get_weights, the one-file formats), and
+``release`` frees it. A released variable checkpoints as its rank's block, a slice of
+the logical table under the original variable's own key: the ranks' parts merged make
+the plain model's checkpoint (picasso_tf.distributed.checkpoint), and restoring reads
+each rank's block of whatever was saved (whole tables by one process, or slices by any
+number of ranks) straight into its shard. ``read_back`` cuts the shards again from
+originals that were assigned whole (set_weights, .h5 files).
+
+The kernels do not read the shards in place: each step's exchange
 (picasso_tf.distributed.exchange) looks up the rows other ranks ask for and the
-fused updates apply the row gradients that come back. The original variables stay
-the model's checkpoint: ``write_back`` gathers every rank's shards into them (and into
-the Keras optimizer's slots), ``read_back`` cuts the shards from them again (after a
-restore). Both are collectives: every rank calls them together. Since checkpoints
-hold whole tables, a checkpoint written by any number of ranks restores on any other.
+fused updates apply the row gradients that come back.
 """
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops
+from tensorflow.python.trackable import base as trackable
 
 from picasso_tf.distributed.world import hvd
 from picasso_tf.embedding.storage import EmbeddingStorage
@@ -26,21 +36,26 @@ class RowShardedTables(EmbeddingStorage):
     def __init__(self, layout, world):
         super().__init__(layout)
         self.world = world
+        self.blocks = [-(-m.rows // world.size) for m in layout.members]      # rows per rank
+        self._pairs = []        # every Shard: the tables', then the slots' as they are made
         with tf.init_scope():
-            self.shards = [self._shard_of(m.variable, f"picasso_shard/{m.name}") for m in layout.members]
-        self._slots = {}        # (member index, slot name) -> shard of the Keras slot
+            self.shards = [self._shard_of(m.variable, f"picasso_shard/{m.name}", i).variable
+                           for i, m in enumerate(layout.members)]
+        self._slots = {}        # original slot variable's ref -> its Shard
+
+    def first_row(self, member):
+        """The first row of member table `member` (an index) this rank holds."""
+        return min(self.world.rank * self.blocks[member], self.layout.members[member].rows)
 
     def rows_held(self, member):
-        """How many rows of the member's table this rank holds."""
-        return len(range(self.world.rank, self.layout.members[member].rows, self.world.size))
+        """How many rows of member table `member` (an index) this rank holds."""
+        rows = self.layout.members[member].rows
+        return min(rows, (self.world.rank + 1) * self.blocks[member]) - self.first_row(member)
 
-    def _shard_of(self, full, name):
-        """A variable holding this rank's rows of `full` (at least one row: a table with
-        fewer rows than ranks leaves some ranks none, and their padding row is never read)."""
-        rows = full[self.world.rank::self.world.size]
-        if rows.shape[0] == 0:
-            rows = tf.zeros([1] + full.shape[1:].as_list(), full.dtype)
-        return tf.Variable(rows, trainable=self.layout.trainable, name=name)
+    def _shard_of(self, full, name, member):
+        shard = Shard(full, self.first_row(member), self.rows_held(member), name, self.layout.trainable)
+        self._pairs.append(shard)
+        return shard
 
     def kernel_inputs(self):
         return self.shards
@@ -52,10 +67,10 @@ class RowShardedTables(EmbeddingStorage):
         index = self._index(member)
         out = {}
         for slot, full in optimizer.keras_slots(member.variable).items():
-            if (index, slot) not in self._slots:
+            if full.ref() not in self._slots:
                 with tf.init_scope():
-                    self._slots[index, slot] = (full, self._shard_of(full, f"picasso_shard/{member.name}/{slot}"))
-            out[slot] = self._slots[index, slot][1]
+                    self._slots[full.ref()] = self._shard_of(full, f"picasso_shard/{member.name}/{slot}", index)
+            out[slot] = self._slots[full.ref()].variable
         return out
 
     def apply(self, optimizer, member, rows, row_grads, update):
@@ -65,26 +80,86 @@ class RowShardedTables(EmbeddingStorage):
     def _index(self, member):
         return next(i for i, m in enumerate(self.layout.members) if m is member)
 
-    def pairs(self):
-        """(original variable, its shard) for the tables and every slot made so far."""
-        tables = [(m.variable, s) for m, s in zip(self.layout.members, self.shards)]
-        return tables + list(self._slots.values())
-
     def write_back(self):
-        for full, shard in self.pairs():
-            held = len(range(self.world.rank, full.shape[0], self.world.size))
-            gathered = hvd().allgather(shard[:held], name=f"picasso_write_back_{_op_name(full)}")
-            full.assign(tf.gather(gathered, rank_major_order(full.shape[0], self.world.size)))
+        """Gathers every original whole on every rank (a collective): it holds the rows
+        until ``release`` (or ``read_back``)."""
+        for shard in self._pairs:
+            shard.gather_into_original()
+
+    def release(self):
+        for shard in self._pairs:
+            shard.release_original()
+
+    def held_blocks(self):
+        """Every Shard: the tables', then the slots' made so far."""
+        return list(self._pairs)
 
     def read_back(self):
-        for full, shard in self.pairs():
-            rows = full[self.world.rank::self.world.size]
-            if rows.shape[0]:
-                shard[:rows.shape[0]].assign(rows)
+        for shard in self._pairs:
+            if shard.original_is_whole():
+                shard.cut_from_original()
+
+
+class Shard:
+    """One rank's block of an original variable (a table or a Keras slot of one): rows
+    [start, start + held) in `variable` (one zero row when it holds none: a table with
+    fewer rows than ranks, never read)."""
+
+    def __init__(self, original, start, held, name, trainable):
+        self.original, self.start, self.held = original, start, held
+        shape = original.shape.as_list()
+        self.variable = tf.Variable(tf.zeros([max(held, 1)] + shape[1:], original.dtype), trainable=trainable,
+                                    name=name)
+        offset = [start] + [0] * (len(shape) - 1)
+        self.slice_spec = tf.Variable.SaveSliceInfo(original.name, shape, offset, [held] + shape[1:]).spec
+        self.cut_from_original()
+
+    def rows(self):
+        return self.variable[:self.held]
+
+    def original_is_whole(self):
+        return int(gen_resource_variable_ops.variable_shape(self.original.handle)[0]) == self.original.shape[0]
+
+    def cut_from_original(self):
+        if self.held:
+            self.variable[:self.held].assign(self.original[self.start:self.start + self.held])
+        self.release_original()
+
+    def release_original(self):
+        """Frees the original's rows; a checkpoint then saves and restores this block of it."""
+        shape = self.original.shape.as_list()
+        _assign_any_shape(self.original, tf.zeros([0] + shape[1:], self.original.dtype))
+        # Instance attributes take precedence for TensorFlow's checkpoints (saveable_object_util).
+        self.original._serialize_to_tensors = self._serialize
+        self.original._restore_from_tensors = self._restore
+
+    def gather_into_original(self):
+        gathered = hvd().allgather(self.rows(), name=f"picasso_write_back_{_op_name(self.original)}")
+        _assign_any_shape(self.original, gathered)
+        # Whole again: it checkpoints as itself.
+        self.original.__dict__.pop("_serialize_to_tensors", None)
+        self.original.__dict__.pop("_restore_from_tensors", None)
+
+    def _serialize(self):
+        if not self.held:
+            return {}
+        return {trackable.VARIABLE_VALUE_KEY: {self.slice_spec: self.rows()}}
+
+    def _restore(self, restored):
+        value = restored[trackable.VARIABLE_VALUE_KEY]
+        if isinstance(value, dict):
+            value = value[self.slice_spec]
+        return self.variable[:self.held].assign(value)
+
+
+def _assign_any_shape(variable, value):
+    # The original keeps its declared shape; its buffer changes size.
+    gen_resource_variable_ops.assign_variable_op(variable.handle, value, validate_shape=False)
 
 
 def rank_major_order(rows, size):
-    """Where row i of a table sits in its shards concatenated rank by rank."""
+    """Where row i of a table sits in its shards concatenated rank by rank, when rank r
+    holds the rows id % size == r (the hash-backed kind's sharding)."""
     held = [len(range(r, rows, size)) for r in range(size)]
     start = np.concatenate([[0], np.cumsum(held)[:-1]])
     i = np.arange(rows)

@@ -83,6 +83,19 @@ def collectives(model, dataset):
     return {t: ops.count(t) for t in sorted(set(ops)) if t.startswith("Horovod")}
 
 
+def rows_held(model):
+    """Per variable of a row-sharded table (the table, and each optimizer slot of it made
+    so far): the logical table's rows, this rank's block of them, the rows of its shard
+    variable and those left in the original variable."""
+    out = {}
+    for storage in model.picasso.storages.values():
+        for block in storage.held_blocks() if storage.kind == "sharded" else ():
+            out[block.original.name] = {"rows": int(block.original.shape[0]), "held": block.held,
+                                        "shard": int(tf.shape(block.variable)[0]),
+                                        "original": int(tf.shape(block.original)[0])}
+    return out
+
+
 class DieAt(tf.keras.callbacks.Callback):
     """Rank 1 exits abruptly at step `step`, as a crashed or killed process would."""
 
@@ -113,8 +126,10 @@ def run(args, optimizer, size, rank):
         counts = collectives(model, dataset)
     if args.save:
         model.save_weights(os.path.join(args.save, optimizer, "ckpt"))
-    else:
-        model.picasso.write_back()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{optimizer}.rank{rank}.rows.json"), "w") as f:
+        json.dump(rows_held(model), f)
+    model.picasso.write_back()
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         slots = [v.numpy() for v in model.optimizer.variables if v.shape.rank == 2]
