@@ -38,6 +38,12 @@ class Config:
       kernel computing only the gathered dot products, and its gradient without the
       [B, F, F] product (equal up to rounding). The report lists what it fused and
       which self-products it left alone, and why.
+    dense_packing: K-packing of the dense ops a model repeats per field or per expert
+      (CAN's co-action units, MMoE's experts, gates and towers, per-sequence attention):
+      layer calls whose ops are the same, independent of each other, run as one
+      vectorised computation whose matrix products are batched (equal up to rounding;
+      picasso_tf.passes.dense_packing). The report lists what it packed and what it left
+      alone, and why.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
@@ -117,6 +123,7 @@ class Config:
     projection: bool = True
     projection_max_distinct: float = 0.75
     interactions: bool = True
+    dense_packing: bool = True
     shard_heavy_groups: bool = True
     max_shards: int = 4
     warmup_batches: int = 8

@@ -1,0 +1,137 @@
+"""The dense packing pass: layer calls that repeat the same computation per expert or
+per field run as one vectorised computation, the model trains and predicts as without
+the pass, what Keras does to a variable (trainable=False, constraints) still holds, and
+calls that depend on each other are left alone with the reason in the report."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+
+BATCH, STEPS, FIELDS, EXPERTS = 32, 20, 3, 3
+PRODUCTS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+
+
+def features(rows, seed):
+    rng = np.random.default_rng(seed)
+    x = {f"f{i}": rng.integers(0, 40, rows).astype("int64") for i in range(FIELDS)}
+    x["dense"] = rng.normal(size=(rows, 5)).astype("float32")
+    return x, (rng.random((rows, 1)) < 0.3).astype("float32")
+
+
+def experts_model(frozen_expert=None, constraint=None):
+    """Embeddings and a dense input, EXPERTS experts (two Dense layers each, made by the
+    same code), a softmax gate mixing them and a sigmoid head: MMoE with one task."""
+    x = {f"f{i}": tf.keras.Input((), dtype="int64", name=f"f{i}") for i in range(FIELDS)}
+    x["dense"] = tf.keras.Input((5,), name="dense")
+    shared = tf.keras.layers.Concatenate()(
+        [tf.keras.layers.Embedding(40, 4)(x[f"f{i}"]) for i in range(FIELDS)] + [x["dense"]])
+    experts = []
+    for e in range(EXPERTS):
+        expert = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", kernel_constraint=constraint),
+                                      tf.keras.layers.Dense(4, activation="relu")], name=f"expert_{e}")
+        expert.trainable = e != frozen_expert
+        experts.append(expert(shared))
+    gate = tf.keras.layers.Dense(EXPERTS, activation="softmax", name="gate")(shared)
+    mixed = tf.reduce_sum(tf.stack(experts, axis=1) * gate[:, :, None], axis=1)
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(mixed))
+
+
+def chained_model():
+    """Two layers made by the same code, the second reading the first's output."""
+    x = tf.keras.Input((8,), name="x")
+    h = tf.keras.layers.Dense(8, activation="tanh", name="block_0")(x)
+    h = tf.keras.layers.Dense(8, activation="tanh", name="block_1")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(h))
+
+
+def dense_packing_report(model):
+    [report] = [p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "dense_packing"]
+    return report
+
+
+def products_in_forward(model, example):
+    graph_def = model.rewritten_forward(training=True, example_inputs=example).captured.graph_def
+    return sum(n.op in PRODUCTS for n in graph_def.node)
+
+
+def trained(model, optimizer, data):
+    model.compile(optimizer=optimizer, loss="binary_crossentropy")
+    losses = [model.train_on_batch(x, y) for x, y in data]
+    return np.array(losses), model.get_weights()
+
+
+def batches(seed=0):
+    x, y = features(BATCH * STEPS, seed)
+    return [({k: v[s * BATCH:(s + 1) * BATCH] for k, v in x.items()}, y[s * BATCH:(s + 1) * BATCH])
+            for s in range(STEPS)]
+
+
+def twins(build, **options):
+    tf.keras.utils.set_random_seed(7)
+    baseline, original = build(), build()
+    original.set_weights(baseline.get_weights())
+    return baseline, picasso.optimize(original, **options)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: tf.keras.optimizers.SGD(0.1), lambda: tf.keras.optimizers.Adagrad(0.05),
+    lambda: tf.keras.optimizers.Adam(0.01)], ids=["sgd", "adagrad", "adam"])
+def test_experts_run_as_one_computation_and_train_like_the_baseline(optimizer):
+    data = batches()
+    baseline, optimized = twins(experts_model)
+    _, unpacked = twins(experts_model, dense_packing=False)
+    packed = dense_packing_report(optimized)["packed"]
+    assert [g["units"] for g in packed] == [EXPERTS]
+    assert packed[0]["scopes"] == [f"model/expert_{e}" for e in range(EXPERTS)] or \
+        all(s.endswith(f"expert_{e}") for e, s in enumerate(packed[0]["scopes"]))
+    # Each expert's two products become two batched ones; the gate's and the head's stay.
+    assert products_in_forward(optimized, data[0][0]) == 2 + 2
+    assert products_in_forward(unpacked, data[0][0]) == 2 * EXPERTS + 2
+
+    losses, weights = trained(optimized, optimizer(), data)
+    base_losses, base_weights = trained(baseline, optimizer(), data)
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-5, atol=1e-6)
+    for got, want in zip(weights, base_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    test = features(200, seed=9)[0]
+    np.testing.assert_allclose(optimized.predict(test, verbose=0), baseline.predict(test, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_frozen_expert_stays_frozen_and_a_constraint_still_holds():
+    data = batches(seed=1)
+    build = lambda: experts_model(frozen_expert=1, constraint=tf.keras.constraints.NonNeg())   # noqa: E731
+    baseline, optimized = twins(build)
+    assert [g["units"] for g in dense_packing_report(optimized)["packed"]] == [EXPERTS], \
+        "the experts still have the same ops: only their variables' treatment differs"
+    frozen_before = [w.numpy() for w in optimized.picasso.original.get_layer("expert_1").weights]
+    _, weights = trained(optimized, tf.keras.optimizers.Adagrad(0.5), data)
+    _, base_weights = trained(baseline, tf.keras.optimizers.Adagrad(0.5), data)
+    for got, want in zip(weights, base_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for before, after in zip(frozen_before, optimized.picasso.original.get_layer("expert_1").weights):
+        np.testing.assert_array_equal(before, after.numpy())
+    for e in (0, 2):
+        assert optimized.picasso.original.get_layer(f"expert_{e}").layers[0].kernel.numpy().min() >= 0.0
+
+
+def test_layers_that_read_each_other_are_left_alone_with_the_reason():
+    rng = np.random.default_rng(3)
+    data = [(rng.normal(size=(BATCH, 8)).astype("float32"), (rng.random((BATCH, 1)) < 0.5).astype("float32"))
+            for _ in range(5)]
+    baseline, optimized = twins(chained_model)
+    report = dense_packing_report(optimized)
+    assert report["packed"] == []
+    [left] = report["left_alone"]
+    assert left["units"] == 2 and "not independent" in left["why"]
+    losses, _ = trained(optimized, tf.keras.optimizers.SGD(0.1), data)
+    base_losses, _ = trained(baseline, tf.keras.optimizers.SGD(0.1), data)
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-6)
+
+
+def test_switched_off_it_leaves_the_graph_alone():
+    _, optimized = twins(experts_model, dense_packing=False)
+    x = batches()[0][0]
+    assert products_in_forward(optimized, x) == 2 * EXPERTS + 2
+    assert dense_packing_report(optimized) == {"pass": "dense_packing", "enabled": False}
