@@ -7,10 +7,12 @@ thread and the same per-rank batch. Prints:
   2. bytes on the wire per rank and step against the analytic minimum (distinct ids
      per remote owner x (8 + 2·D·4), plus 2(P-1)/P of the Allreduced bytes);
   3. collectives per step, read from Horovod's timeline;
-  4. a projection to 8, 64 and 256 ranks from the measured per-rank costs.
+  4. a projection to 8, 64 and 256 ranks from the measured per-rank costs;
+  5. what a rank holds (bytes in its variables, resident memory) with every table
+     sharded, against one process, on dlrm with large tables.
 
     .venv/bin/python benchmarks/hybrid_parallel.py [--models wide_deep,dlrm] [--batch 2048]
-        [--steps 40] [--repeats 2] [--big-batch 8192]
+        [--steps 40] [--repeats 2] [--big-batch 8192] [--memory-buckets 50000]
 
 Each configuration runs benchmarks/hybrid_parallel_worker.py: timed runs carry no
 timeline and no counters (both cost CPU, the timeline a lot on rank 0); a separate
@@ -43,10 +45,13 @@ MESSAGE_LATENCY_S = 10e-6
 PROJECTED_RANKS = (8, 64, 256)
 
 
-def run_worker(out, model, batch, warmup, steps, size, replicate_below=None, instrument=False, timeline=None):
+def run_worker(out, model, batch, warmup, steps, size, replicate_below=None, instrument=False, timeline=None,
+               buckets=None):
     """Runs one configuration; returns the ranks' result dicts."""
     shutil.rmtree(out, ignore_errors=True)
     args = [WORKER, out, "--model", model, "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps)]
+    if buckets is not None:
+        args += ["--buckets", str(buckets)]
     if replicate_below is not None:
         args += ["--replicate-below", str(replicate_below)]
     if instrument:
@@ -276,6 +281,22 @@ def report(model, configs, args):
     return figures
 
 
+def report_memory(work, buckets, model="dlrm", batch=4096):
+    """What a rank holds with every table sharded, against one process."""
+    runs = {size: run_worker(os.path.join(work, f"memory_{size}"), model, batch, 3, 5, size, 0, buckets=buckets)
+            for size in (1, 2)}
+    one = runs[1][0]
+    print(f"\nmemory: {model} with {buckets} rows per table ({runs[1][0]['tables']} tables, table bytes "
+          f"{fmt(one['table_bytes'])}), Adam (2 slots per table), batch {batch}, after training 8 steps; "
+          "variables: bytes in every variable's buffer (tables, slots, shards, dense part)")
+    print(f"  1 process:     variables {fmt(one['variable_bytes'])}, resident {fmt(one['rss_bytes'])}, "
+          f"peak resident {fmt(one['peak_rss_bytes'])}")
+    for r in runs[2]:
+        print(f"  2 ranks, rank {r['rank']}: variables {fmt(r['variable_bytes'])} "
+              f"({r['variable_bytes'] / one['variable_bytes']:.2f}x), resident {fmt(r['rss_bytes'])}, "
+              f"peak resident {fmt(r['peak_rss_bytes'])}")
+
+
 def report_projection(model, configs, figures, loopback):
     print(f"\n4. projection for {model} (a cost model, not a measurement): per-rank step = 1-process CPU per step"
           " + the 2-rank run's extra CPU per step (held constant) + bytes / bandwidth + "
@@ -299,6 +320,9 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--big-batch", type=int, default=8192, help="wide_deep sharded again at this batch (0: skip)")
+    parser.add_argument("--memory-buckets", type=int, default=50000,
+                        help="dlrm with tables of this many rows, 1 process against 2 ranks all sharded: what a "
+                             "rank holds (0: skip)")
     args = parser.parse_args()
     began = time.perf_counter()
     work = tempfile.mkdtemp(prefix="hybrid_parallel_")
@@ -326,6 +350,8 @@ def main():
         print(f"\nwide_deep all sharded at batch {b} per rank ({steps} steps): 1 process {fmt(one_rate)} samples/CPU-s "
               f"({1e3 * one[0]['cpu_s'] / steps:.1f} ms/step); 2 ranks {fmt(two_rate)} "
               f"({per_rank} ms/step): {two_rate / one_rate:.2f}x")
+    if args.memory_buckets:
+        report_memory(work, args.memory_buckets)
     print(f"\nloopback AllToAllv bandwidth (64 MiB, one rank to the other): "
           f"{statistics.mean(loopbacks) * 8 / 1e9:.1f} Gbit/s")
     print("the optional fp16 wire format for rows and row gradients is not built: not measured")

@@ -4,6 +4,7 @@ measured to OUT_DIR/rank<R>.json.
 
     hybrid_parallel_worker.py OUT_DIR --model wide_deep --batch 2048 --warmup 8 --steps 30
                               [--replicate-below BYTES]   # absent: picasso_tf's default
+                              [--buckets 999]             # rows of each hashed table
 
 Measured per rank over the timed steps (after warm-up): CPU seconds of the process
 (time.process_time: every thread of it, Horovod's background thread included) and wall
@@ -11,7 +12,8 @@ seconds; the bytes each AllToAllv sent to each rank and the bytes each grouped
 Allreduce reduced (counted in the graph by wrapping Horovod's alltoall and
 grouped_allreduce, from the buffers actually passed); the loopback interface's bytes;
 and, independently of the exchange code, the analytic minimum from the same batches:
-per table, the distinct ids of the batch, owned by id % size.
+per table, the distinct ids of the batch, owned by id // ceil(rows / size); and the
+bytes held in the variables and the resident memory, after training.
 """
 import argparse
 import json
@@ -114,29 +116,30 @@ class StepTimer(tf.keras.callbacks.Callback):
 
 def table_ids_model(original):
     """The original Keras model cut at every embedding table's ids: (its outputs, the
-    tables' names and widths). Built from the user's model, not from picasso_tf."""
+    tables' names, widths and rows). Built from the user's model, not from picasso_tf."""
     layers = [layer for layer in original.layers
               if any("embeddings" in w.name or layer.__class__.__name__ == "EmbeddingBag" for w in layer.weights)
               and len(layer.weights) == 1 and layer.weights[0].shape.rank == 2]
     model = tf.keras.Model(original.inputs, [layer.input for layer in layers])
-    return model, [layer.name for layer in layers], [int(layer.weights[0].shape[1]) for layer in layers]
+    return model, [layer.name for layer in layers], [int(layer.weights[0].shape[1]) for layer in layers], \
+        [int(layer.weights[0].shape[0]) for layer in layers]
 
 
-def analytic_exchange(ids_model, dims, batches, size, rank):
+def analytic_exchange(ids_model, dims, vocabs, batches, size, rank):
     """Per step of `batches`: the distinct ids of each table that this rank needs from
-    each other owner (id % size), and the bytes they cost on the wire: 8 per id, 4·D per
+    each other owner (rank id // ceil(rows / size), as row-sharded tables are cut), and the bytes they cost on the wire: 8 per id, 4·D per
     row fetched and 4·D per row gradient returned (the issue's minimum)."""
     ids_per_step, bytes_per_step, distinct_per_step, distinct_bytes = [], [], [], []
     for features, _ in batches:
         outs = ids_model(features, training=False)
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         remote_ids, remote_bytes, distinct, all_bytes = 0, 0, 0, 0
-        for ids, dim in zip(outs, dims):
+        for ids, dim, rows in zip(outs, dims, vocabs):
             values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
             unique = np.unique(np.asarray(values).reshape(-1))
             distinct += unique.size
             all_bytes += unique.size * (8 + 2 * dim * 4)
-            remote = int(np.count_nonzero(unique % size != rank))
+            remote = int(np.count_nonzero(unique // -(-rows // size) != rank))
             remote_ids += remote
             remote_bytes += remote * (8 + 2 * dim * 4)
         ids_per_step.append(remote_ids)
@@ -147,6 +150,19 @@ def analytic_exchange(ids_model, dims, batches, size, rank):
     # model scales it by (P-1)/P.
     return {"remote_ids": float(np.mean(ids_per_step)), "remote_bytes": float(np.mean(bytes_per_step)),
             "distinct_ids": float(np.mean(distinct_per_step)), "distinct_bytes": float(np.mean(distinct_bytes))}
+
+
+def memory(model):
+    """What this rank holds: the bytes in every variable's buffer (the model's, the
+    optimizer's, the storages' shards and slots of them: a released original holds
+    none), and the process's resident and peak resident memory."""
+    variables = list(model.variables) + list(model.optimizer.variables)
+    for storage in model.picasso.storages.values():
+        variables += storage.variables() + [b.variable for b in (storage.held_blocks() if storage.kind == "sharded" else ())]
+    unique = {v.ref(): v for v in variables}.values()
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {"variable_bytes": sum(int(tf.size(v)) * v.dtype.size for v in unique),
+            "rss_bytes": int(status["VmRSS"].split()[0]) * 1024, "peak_rss_bytes": int(status["VmHWM"].split()[0]) * 1024}
 
 
 def loopback_bandwidth(megabytes=64, repeats=3):
@@ -173,6 +189,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--replicate-below", type=int, help="bytes; absent: picasso_tf's default")
+    parser.add_argument("--buckets", type=int, default=999, help="rows of each table (picasso-train's default)")
     parser.add_argument("--instrument", action="store_true",
                         help="count the collectives' bytes in the graph and measure loopback bandwidth (kept out "
                              "of the timed runs: the counters cost a little CPU)")
@@ -180,7 +197,7 @@ def main():
     if DISTRIBUTED and args.instrument:
         install_counters()
 
-    schema = pdata.preset_schema("criteo", buckets=999)        # picasso-train's default data
+    schema = pdata.preset_schema("criteo", buckets=args.buckets)
     steps = args.warmup + args.steps
     data = pdata.generate(schema, args.batch * SIZE * steps, seed=0)
 
@@ -216,7 +233,7 @@ def main():
                          "kind": getattr(t, "kind", None)} for t in tables]
     trainable = model.original.trainable_variables
     table_vars = set()
-    ids_model, names, dims = table_ids_model(model.original)
+    ids_model, names, dims, vocabs = table_ids_model(model.original)
     for layer in model.original.layers:
         if layer.name in names:
             table_vars.add(layer.weights[0].ref())
@@ -224,7 +241,8 @@ def main():
     result["dense_bytes"] = sum(int(np.prod(v.shape)) * 4 for v in trainable if v.ref() not in table_vars)
     result["tables"] = len(names)
     timed = batches().skip(args.warmup).take(args.steps)
-    result["analytic"] = analytic_exchange(ids_model, dims, timed, SIZE, RANK)
+    result["analytic"] = analytic_exchange(ids_model, dims, vocabs, timed, SIZE, RANK)
+    result.update(memory(model))
     # For the projection: the same batches' distinct ids split over 8/64/256 owners.
     if DISTRIBUTED and args.instrument:
         result["loopback_bytes_per_s"] = loopback_bandwidth()
