@@ -12,7 +12,10 @@ Program (picasso_tf.compile), creates the storage the Program's table layouts na
 and owns train_step: the rewritten graph's forward pass and the staged training step
 (picasso_tf.runtime.step). It knows no GraphDef details. Its checkpoints are the plain
 model's: the same variables (the tables are read in place) and the Keras optimizer's
-slots at the same positions, so either model restores the other's.
+slots at the same positions, so either model restores the other's. Under hybrid
+parallelism a row-sharded table's original variable holds no rows (each rank's shard
+holds its block): save_weights writes the blocks from every rank into one checkpoint
+of that format, and get_weights, export and the one-file formats gather the tables.
 """
 import contextlib
 import functools

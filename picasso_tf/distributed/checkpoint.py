@@ -25,6 +25,7 @@ def save_sharded_weights(model, filepath, shards, world, options=None):
     part = f"{filepath}.picasso-part-{world.rank}-of-{world.size}"
     state, error = _WROTE, None
     try:
+        tf.io.gfile.makedirs(os.path.dirname(filepath) or ".")     # whichever rank comes first
         if world.rank == 0:
             tf.train.Checkpoint(root=model).write(part, options=options)
         else:

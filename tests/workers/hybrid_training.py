@@ -6,9 +6,10 @@ or as one process (no Horovod), for tests/test_horovod.py.
 
 Every rank reads the same global batches of 64 samples and keeps its contiguous share,
 so N ranks train on the samples one process trains on. Per optimizer, rank 0 writes
-OUT_DIR/OPT.npz (the plain model's weights and the optimizer's table-shaped slots,
+OUT_DIR/OPT.npz (the model's get_weights and the optimizer's table-shaped slots,
 after write_back) and OUT_DIR/OPT.json (the collectives in one training step's graph,
-the steps run).
+the steps run); every rank writes OUT_DIR/OPT.rankR.rows.json (the rows its variables
+of each row-sharded table hold).
 """
 import argparse
 import json
@@ -129,11 +130,11 @@ def run(args, optimizer, size, rank):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{optimizer}.rank{rank}.rows.json"), "w") as f:
         json.dump(rows_held(model), f)
-    model.picasso.write_back()
+    weights = model.get_weights()       # gathers the sharded tables (a collective)
+    model.picasso.write_back()          # and the slots of them
     if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
         slots = [v.numpy() for v in model.optimizer.variables if v.shape.rank == 2]
-        np.savez(os.path.join(args.out, f"{optimizer}.npz"), *model.original.get_weights(), *slots)
+        np.savez(os.path.join(args.out, f"{optimizer}.npz"), *weights, *slots)
         report = model.picasso.reports["training"]["passes"]
         with open(os.path.join(args.out, f"{optimizer}.json"), "w") as f:
             json.dump({"size": size, "collectives": counts, "steps": int(model.optimizer.iterations.numpy()),
