@@ -43,7 +43,7 @@ class Config:
       layer calls whose ops are the same, independent of each other, run as one
       vectorised computation whose matrix products are batched (equal up to rounding;
       picasso_tf.passes.dense_packing). The report lists what it packed and what it left
-      alone, and why.
+      alone, and why. Off with packing=False too (the paper's ablation: no K-packing).
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into several shards, at most max_shards each.
     warmup_batches: how many batches of `warmup_data` feed the ID statistics of Eq. 1;
@@ -191,6 +191,8 @@ class Config:
     def pass_enabled(self, name):
         if name in ("d_packing", "k_packing"):
             return self.packing and getattr(self, name) and (name == "d_packing" or self.d_packing)
+        if name == "dense_packing":
+            return self.packing and self.dense_packing
         if name == "k_interleave":
             return self.interleaving
         return getattr(self, name)

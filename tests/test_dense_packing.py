@@ -37,12 +37,31 @@ def experts_model(frozen_expert=None, constraint=None):
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(mixed))
 
 
+class Residual(tf.keras.layers.Layer):
+    """call([x, h]) -> tanh(x W) + h."""
+
+    def build(self, shapes):
+        self.w = self.add_weight("w", (shapes[0][-1], shapes[1][-1]))
+
+    def call(self, inputs):
+        x, h = inputs
+        return tf.tanh(tf.matmul(x, self.w)) + h
+
+
 def chained_model():
-    """Two layers made by the same code, the second reading the first's output."""
+    """Two layers made by the same code, both reading x, the second reading the first's
+    output too."""
     x = tf.keras.Input((8,), name="x")
-    h = tf.keras.layers.Dense(8, activation="tanh", name="block_0")(x)
-    h = tf.keras.layers.Dense(8, activation="tanh", name="block_1")(h)
+    h = Residual(name="block_0")([x, x * 2.0])
+    h = Residual(name="block_1")([x, h])
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(h))
+
+
+def towers_model():
+    """Two towers made by the same code over different inputs."""
+    x = [tf.keras.Input((8,), name=f"x{k}") for k in range(2)]
+    towers = [tf.keras.layers.Dense(4, activation="relu", name=f"tower_{k}")(x[k]) for k in range(2)]
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(tf.concat(towers, 1)))
 
 
 def dense_packing_report(model):
@@ -81,13 +100,15 @@ def test_experts_run_as_one_computation_and_train_like_the_baseline(optimizer):
     data = batches()
     baseline, optimized = twins(experts_model)
     _, unpacked = twins(experts_model, dense_packing=False)
-    packed = dense_packing_report(optimized)["packed"]
-    assert [g["units"] for g in packed] == [EXPERTS]
-    assert packed[0]["scopes"] == [f"model/expert_{e}" for e in range(EXPERTS)] or \
-        all(s.endswith(f"expert_{e}") for e, s in enumerate(packed[0]["scopes"]))
-    # Each expert's two products become two batched ones; the gate's and the head's stay.
-    assert products_in_forward(optimized, data[0][0]) == 2 + 2
+    report = dense_packing_report(optimized)
+    [packed] = report["packed"]
+    assert packed["units"] == EXPERTS and [s.split("/")[-2] for s in packed["scopes"]] == \
+        [f"expert_{e}" for e in range(EXPERTS)], "the experts' first layers, which all read the same input"
+    # Their products become one; the second layers (each its own input and weights) stand
+    # down, and say why.
+    assert products_in_forward(optimized, data[0][0]) == 1 + EXPERTS + 2
     assert products_in_forward(unpacked, data[0][0]) == 2 * EXPERTS + 2
+    assert any(g["units"] == EXPERTS and "own input by its own weights" in g["why"] for g in report["left_alone"])
 
     losses, weights = trained(optimized, optimizer(), data)
     base_losses, base_weights = trained(baseline, optimizer(), data)
@@ -104,7 +125,7 @@ def test_a_frozen_expert_stays_frozen_and_a_constraint_still_holds():
     build = lambda: experts_model(frozen_expert=1, constraint=tf.keras.constraints.NonNeg())   # noqa: E731
     baseline, optimized = twins(build)
     assert [g["units"] for g in dense_packing_report(optimized)["packed"]] == [EXPERTS], \
-        "the experts still have the same ops: only their variables' treatment differs"
+        "the experts' first layers still have the same ops: only their variables' treatment differs"
     frozen_before = [w.numpy() for w in optimized.picasso.original.get_layer("expert_1").weights]
     _, weights = trained(optimized, tf.keras.optimizers.Adagrad(0.5), data)
     _, base_weights = trained(baseline, tf.keras.optimizers.Adagrad(0.5), data)
@@ -135,3 +156,11 @@ def test_switched_off_it_leaves_the_graph_alone():
     x = batches()[0][0]
     assert products_in_forward(optimized, x) == 2 * EXPERTS + 2
     assert dense_packing_report(optimized) == {"pass": "dense_packing", "enabled": False}
+
+
+def test_towers_over_their_own_inputs_stand_down_with_the_reason():
+    _, optimized = twins(towers_model)
+    report = dense_packing_report(optimized)
+    assert report["packed"] == []
+    [left] = report["left_alone"]
+    assert left["units"] == 2 and "own input by its own weights" in left["why"]

@@ -19,8 +19,14 @@ summation order.
 Matched: name scopes with at least one matrix product whose ops (other than the
 variables' reads and placeholders, which stay outside and are stacked) have identical
 types, attributes, static shapes and wiring, with no control dependencies across
-their border and no path from one unit to another. The report lists every group it
-packed and every group it left alone, with the reason.
+their border and no path from one unit to another. A group stands down where a unit
+multiplies its own input by its own weights (towers over different inputs, an
+expert's second layer): batched over stacked copies of both, such products ran
+slower on a CPU than apart, so only products with an operand every unit shares (one
+wide product) or per-sample products (already batched) are packed; a stood-down
+group's inner scopes are tried next (an expert's first layer reads the shared
+input). The report lists every group it packed and every group it left alone, with
+the reason.
 """
 import collections
 import dataclasses
@@ -142,6 +148,16 @@ def _attr_text(value):
 
 def _why_not_packable(graph, units):
     """None where the units can run as one vectorised computation, else why not."""
+    template = units[0]
+    shared = {t.name for p, t in enumerate(template.inputs) if all(u.inputs[p] is t for u in units)}
+    for op in template.ops:
+        if op.type == "MatMul" and not any(t.name in shared for t in op.inputs):
+            # Stacked, such products become one BatchMatMul over stacked activations and
+            # weights, which ran slower on a CPU than the products apart (both its copies
+            # and its gradient): batching pays where one operand is shared (one wide
+            # product) or the products are per-sample already (BatchMatMul).
+            return (f"{op.name[len(template.scope) + 1:]} multiplies each unit's own input by its own weights: "
+                    "batched over stacked copies of both it runs slower than the units apart")
     members = {op.name: k for k, u in enumerate(units) for op in u.ops}
     for u in units:
         for op in u.ops:

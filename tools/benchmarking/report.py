@@ -336,7 +336,7 @@ def _ablation(section):
     lines = [f"## 4. {section['title']}", "",
              f"Batch {section.get('batch_size')}, Adagrad, samples/s (median over rounds); in brackets the ratio "
              "to the baseline taken round by round (median, min–max).", ""]
-    columns = ["picasso", "packing=False", "interleaving=False", "hybrid_hash=True"]
+    columns = ["picasso", "packing=False", "dense_packing=False", "interleaving=False", "hybrid_hash=True"]
     rows = []
     for row in section.get("rows", []):
         if "error" in row:
@@ -352,8 +352,8 @@ def _ablation(section):
             else:
                 cells.append(_cell_status(row, c))
         rows.append([f"{row['model']} ({row.get('fields')} fields)", _num(v["baseline"]["samples_per_s"])] + cells)
-    lines.append(_table(["model", "baseline", "PICASSO (full)", "w/o packing", "w/o interleaving",
-                         "with HybridHash"], rows))
+    lines.append(_table(["model", "baseline", "PICASSO (full)", "w/o packing", "w/o dense packing",
+                         "w/o interleaving", "with HybridHash"], rows))
     lines.append("")
     return lines
 

@@ -517,7 +517,8 @@ def _auc_data(name, dataset, sizes, load_movielens):
 
 def run_ablation(sizes, progress):
     out = {"title": "Ablation (Table IV)", "rows": [], "notes": [], "batch_size": sizes.ablation_batch}
-    extra = {"packing=False": {"packing": False}, "interleaving=False": {"interleaving": False},
+    extra = {"packing=False": {"packing": False}, "dense_packing=False": {"dense_packing": False},
+             "interleaving=False": {"interleaving": False},
              "hybrid_hash=True": {"hybrid_hash": True}}
     for model in sizes.ablation_models:
         progress(f"ablation {model}: building")
