@@ -34,6 +34,7 @@ import sys
 
 import picasso_tf
 import picasso_tf.models as zoo
+from micro_batch_memory import PEAK_ENV, PEAK_STEPS
 from picasso_tf.tools.benchmarking import sections as bench_sections
 from picasso_tf.tools.benchmarking.timing import measure
 
@@ -54,8 +55,9 @@ def model_and_data(name, rows):
 
 
 def peak_child(name, k, start, batch):
-    """In a fresh process: the peak RSS of one step over `batch` examples above the RSS
-    before it (as benchmarks/micro_batch_memory.py measures it), printed as JSON."""
+    """In a fresh process (PEAK_ENV): the peak RSS of a step over `batch` examples above
+    the RSS before it, the median of PEAK_STEPS steps (as benchmarks/micro_batch_memory.py
+    measures it), printed as JSON."""
     import tensorflow as tf
 
     def status(key):
@@ -67,18 +69,19 @@ def peak_child(name, k, start, batch):
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy")
     model.train_on_batch(small.features, small.label_dict)   # the optimizer's slots
     model.train_on_batch(x, y)                               # traced for this batch size
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")                                         # VmHWM := VmRSS
-    before = status("VmRSS")
-    model.train_on_batch(x, y)
-    print(json.dumps({"peak": status("VmHWM") - before}))
+    peaks = []
+    for _ in range(PEAK_STEPS):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                                     # VmHWM := VmRSS
+        before = status("VmRSS")
+        model.train_on_batch(x, y)
+        peaks.append(status("VmHWM") - before)
+    print(json.dumps({"peak": sorted(peaks)[len(peaks) // 2], "peaks": peaks}))
 
 
 def peak_memory(name, k, start, batch):
-    # The default CPU allocator (oneDNN off) returns what it frees, so the peak is the step's own.
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
     out = subprocess.run([sys.executable, __file__, "peak", name, str(k), start, str(batch)], capture_output=True,
-                         text=True, env=env)
+                         text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -156,6 +159,9 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["breakdown"]:
         breakdown(*(int(a) for a in sys.argv[2:]))
     elif sys.argv[1:2] == ["peak"]:
+        if any(os.environ.get(key) != value for key, value in PEAK_ENV.items()):
+            # malloc reads its settings when the process starts
+            os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **PEAK_ENV))
         peak_child(*sys.argv[2:])
     else:
         parser = argparse.ArgumentParser(description="Interleaving sweeps (Fig. 14/15)")

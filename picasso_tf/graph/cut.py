@@ -1,15 +1,42 @@
 """The cut of D-interleaving from the MLP (paper Fig. 8a): a forward GraphDef split at
-the outputs of its fused lookups into the embedding part, which runs on the whole
-batch, and the dense part, which runs per micro-batch with those outputs fed in."""
+the end of its embedding layer into the embedding part, which runs on the whole batch,
+and the dense part, which runs per micro-batch with the cut tensors fed in.
+
+The embedding layer is the fused lookups and the ops that pool or mask their outputs
+row by row (cut_tensors): a sequence feature's unpooled rows are 50 times its pooled
+embedding, and the whole batch of them, with their gradients, would otherwise be held
+through every micro-batch."""
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
 
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, prune, rewire, split_tensor_name, unique_name
 
+# Ops whose output row i reads row i of their inputs only (inputs broadcast to the
+# output's rank): with axis 0 the batch in and out, the cut can move past them.
+ELEMENTWISE = {"Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Add", "AddV2", "Sub", "Maximum", "Minimum", "Neg",
+               "Cast", "Identity", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Abs"}
+# Ops over constant axes that keep axis 0 where it is unless they name it: pooling
+# reductions, concatenation, inserting or squeezing an axis.
+REDUCTIONS = {"Sum", "Mean", "Max", "Min", "Prod"}
 
-def lookup_outputs(graph_def, nodes):
-    """The outputs of the nodes named in `nodes` that other nodes consume, sorted."""
-    index, nodes = GraphIndex(graph_def), set(nodes)
-    return sorted(t for t, uses in index.consumers.items() if split_tensor_name(t)[0] in nodes and uses)
+
+def cut_tensors(graph_def, lookup_nodes, input_tensors, needed):
+    """The tensors at which the embedding layer of `lookup_nodes` (fused lookups) ends,
+    sorted: outputs of the lookups, or of row-wise ops computed from them and from the
+    batch's inputs (masks and weights, pooling over a non-batch axis, concatenations),
+    that the rest of the graph reads or that are `needed` (the graph's outputs). Axis 0
+    of each is the batch."""
+    index = GraphIndex(graph_def)
+    free = _from_inputs(graph_def, input_tensors)
+    ranks = _ranks(graph_def)
+    layer, todo = set(lookup_nodes), list(lookup_nodes)
+    while todo:
+        for use, _ in index.node_uses(todo.pop()):
+            if use.name not in layer and _row_wise(use, layer, free, ranks, index):
+                layer.add(use.name)
+                todo.append(use.name)
+    read = {t for t, uses in index.consumers.items() if any(n.name not in layer for n, _ in uses)}
+    return sorted(t for t in read | {canonical(t) for t in needed} if split_tensor_name(t)[0] in layer)
 
 
 def embedding_part(graph_def, cut, keep):
@@ -37,3 +64,65 @@ def dense_part(captured, cut, embeddings):
     needed = dense.output_tensors + dense.mask_tensors + dense.logit_tensors + (
         [dense.regularization_loss] if dense.regularization_loss else [])
     return dense.with_graph(prune(dense.graph_def, needed, keep=captured.input_tensors), {}, dense.captures), placeholders
+
+
+def _row_wise(node, layer, free, ranks, index):
+    """Whether `node` joins the embedding layer: a row-wise op, every input of which
+    the layer or the batch's inputs compute, that keeps axis 0 the batch."""
+    sources = [split_tensor_name(i) for i in node.input]
+    rank = ranks.get(f"{node.name}:0")
+    if rank is None or any(s not in layer and s not in free for s, _ in sources):
+        return False
+    if node.op in ELEMENTWISE:
+        return all(ranks.get(f"{s}:{i}") == rank for s, i in sources if s in layer and i >= 0)
+    if node.op == "Squeeze":
+        axes, rank = list(node.attr["squeeze_dims"].list.i), ranks.get(canonical(node.input[0]))
+    elif node.op in REDUCTIONS or node.op == "ExpandDims":
+        if sources[1][0] in layer or index.node(node.input[1]).op != "Const":
+            return False
+        axes = tf.make_ndarray(index.node(node.input[1]).attr["value"].tensor).ravel().tolist()
+        rank = ranks.get(canonical(node.input[0])) if node.op in REDUCTIONS else rank
+    elif node.op == "ConcatV2":
+        if sources[-1][0] in layer or index.node(node.input[-1]).op != "Const":
+            return False
+        axes = tf.make_ndarray(index.node(node.input[-1]).attr["value"].tensor).ravel().tolist()
+    else:
+        return False
+    return bool(rank) and bool(axes) and all(a % rank != 0 for a in axes)
+
+
+def _from_inputs(graph_def, input_tensors):
+    """Names of the stateless nodes computed from the batch's inputs and constants alone
+    (a feature's mask or weights), the inputs included."""
+    inputs = {split_tensor_name(t)[0] for t in input_tensors}
+    nodes = {n.name: n for n in graph_def.node}
+    free, seen = set(), set()
+    for root in nodes:                           # depth first, without recursion
+        stack = [root]
+        while stack:
+            name = stack[-1]
+            if name in seen:
+                stack.pop()
+                continue
+            sources = [split_tensor_name(i)[0] for i in nodes[name].input]
+            pending = [s for s in sources if s not in seen]
+            if pending:
+                stack.extend(pending)
+                continue
+            seen.add(name)
+            stack.pop()
+            op = op_def_registry.get(nodes[name].op)
+            if name in inputs or nodes[name].op == "Const" or (
+                    sources and nodes[name].op != "Placeholder" and op is not None and not op.is_stateful
+                    and all(s in free for s in sources)):
+                free.add(name)
+    return free
+
+
+def _ranks(graph_def):
+    """Static rank of every tensor of graph_def (None where unknown), from an import
+    into a scratch graph: its placeholders carry the input specs' shapes, and shape
+    inference the rest."""
+    with tf.Graph().as_default() as graph:
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return {t.name: t.shape.rank for op in graph.get_operations() for t in op.outputs}

@@ -14,15 +14,16 @@ whole batch's (benchmarks/micro_batch_memory.py measures the peak).
 
 From the embedding layer (Fig. 8b, the default) each micro-batch runs the whole
 model, its lookups included. From the MLP (Fig. 8a, EmbeddingCut) the fused lookups
-run once on the whole batch and the micro-batches share their outputs: the lookups'
-backward runs once and the tables' row gradients need no summing across micro-batches.
+and the pooling of their outputs run once on the whole batch and the micro-batches
+share the pooled embeddings: the lookups' backward runs once and the tables' row
+gradients need no summing across micro-batches.
 """
 import copy
 
 import tensorflow as tf
 
 from picasso_tf.errors import UnsupportedModelError
-from picasso_tf.graph.cut import dense_part, embedding_part, lookup_outputs
+from picasso_tf.graph.cut import cut_tensors, dense_part, embedding_part
 from picasso_tf.graph.graph_def_util import split_tensor_name
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
 
@@ -75,27 +76,42 @@ def _backward(step, loss, iteration, tensors):
 
 
 def _embedding_backward(step, optimizer, embeddings, micro_batch_grads):
-    """The fused lookups' backward, once over the whole batch, from their outputs'
-    gradients gathered from the micro-batches. The table gradient of sum(e * de), de
-    held constant, is the lookups' backward taking de as their outputs' gradient; with
-    the lookups read once in the step, their gradient kernels may update the tables
-    (config.apply_in_gradient), as in a step without micro-batches."""
-    terms = [tf.reduce_sum(e * tf.stop_gradient(tf.concat(list(grads), 0)))
+    """The embedding part's backward, once over the whole batch, from the cut tensors'
+    gradients gathered from the micro-batches: each cut tensor enters the loss through
+    a term whose gradient is the gathered one, so the lookups' backward takes it as
+    their outputs' gradient. With the lookups read once in the step, their gradient
+    kernels may update the tables (config.apply_in_gradient), as in a step without
+    micro-batches."""
+    terms = [_with_gradient(e, tf.concat(list(grads), 0))
              for e, *grads in zip(embeddings, *micro_batch_grads) if e.dtype.is_floating]
     one_stage = step.fused is not None and step.fused.in_gradient
     return step.backward(tf.add_n(terms), optimizer.iterations, fuse_apply=one_stage)
 
 
+def _with_gradient(tensor, gradient):
+    """A scalar zero whose gradient with respect to `tensor` is `gradient`, added
+    unscaled into the loss tf.gradients starts from (its upstream gradient is one).
+    Not sum(tensor * gradient): that product, the sum's broadcast gradient and their
+    product each hold another whole batch of the cut tensor."""
+    @tf.custom_gradient
+    def term(t):
+        return tf.zeros([], t.dtype), lambda upstream: gradient
+    return term(tensor)
+
+
 class EmbeddingCut:
     """interleave_from="mlp" (paper Fig. 8a): the rewritten forward pass (a
-    RewrittenForward) cut at the outputs of the fused lookups named in `lookup_nodes`
-    (graph/cut.py): the embedding part runs on the whole batch, the dense part on each
-    micro-batch with its rows of the embeddings."""
+    RewrittenForward) cut where the embedding layer of the fused lookups named in
+    `lookup_nodes` ends, their pooling included (graph/cut.py): the embedding part runs
+    on the whole batch, the dense part on each micro-batch with its rows of the cut
+    tensors."""
 
     def __init__(self, forward, lookup_nodes):
         self.forward = forward
         captured = forward.captured
-        self.tensors = lookup_outputs(captured.graph_def, lookup_nodes)
+        needed = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
+            [captured.regularization_loss] if captured.regularization_loss else [])
+        self.tensors = cut_tensors(captured.graph_def, lookup_nodes, captured.input_tensors, needed)
         self.embedding_graph = embedding_part(captured.graph_def, self.tensors, keep=captured.input_tensors)
         self.dense_graph = None
 
