@@ -138,6 +138,38 @@ def test_report_regenerates_from_json(tiny_run, tmp_path):
         p for p in bench_report.CHARTS if os.path.exists(tmp_path / "d" / p)])
 
 
+def test_a_partial_run_keeps_the_other_sections_and_says_where_they_come_from(tiny_run, tmp_path):
+    results, _ = tiny_run
+    earlier = {**results, "git": {"commit": "0" * 40, "dirty": False}, "command": "picasso-bench --tiny (earlier)",
+               "sections": {k: {f: v for f, v in section.items() if f != "run"}
+                            for k, section in results["sections"].items()}}
+    out, docs = tmp_path / "r.json", tmp_path / "d"
+    out.write_text(json.dumps(earlier))
+    assert bench.main(["--tiny", "--tables", "ops", "--out", str(out), "--docs", str(docs)]) == 0
+    merged = json.loads(out.read_text())
+    assert set(merged["sections"]) == set(results["sections"])
+    assert merged["sections"]["ops"]["run"]["command"].startswith("picasso-bench --tiny --tables ops")
+    assert merged["sections"]["zoo"]["run"] == {"command": "picasso-bench --tiny (earlier)", "commit": "0" * 40,
+                                                "started": results["started"]}
+    assert merged["sections"]["zoo"]["rows"] == results["sections"]["zoo"]["rows"]
+    text = (docs / "benchmarks.md").read_text()
+    zoo = text[text.index(SECTION_HEADINGS["zoo"]):]
+    assert zoo.splitlines()[2].startswith("_From an earlier run: `picasso-bench --tiny (earlier)` at 0000000")
+    ops = text[text.index(SECTION_HEADINGS["ops"]):]
+    assert "From an earlier run" not in ops.splitlines()[2]
+
+
+def test_the_report_keeps_what_is_written_by_hand_below_its_marker(tiny_run, tmp_path):
+    results, _ = tiny_run
+    bench_report.write_report(results, str(tmp_path))
+    path = tmp_path / "benchmarks.md"
+    hand = f"{bench_report.HAND_WRITTEN}\n\n## A study\n\nWritten by hand.\n"
+    path.write_text(path.read_text() + "\n" + hand)
+    bench_report.write_report(results, str(tmp_path))
+    assert path.read_text() == bench_report.markdown(results, charts=[
+        p for p in bench_report.CHARTS if os.path.exists(tmp_path / p)]) + "\n" + hand
+
+
 def test_bad_arguments_exit_2(capsys):
     assert bench.main(["--tiny", "--tables", "nonsense"]) == 2
     assert "unknown section" in capsys.readouterr().err

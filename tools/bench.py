@@ -16,8 +16,10 @@ docs/benchmarks.md for the method.
 
 Results go to benchmarks/results/<mode>.json (--out to change): the machine (CPU
 model, cores, memory), versions (Python, TensorFlow, Keras, NumPy, picasso_tf), git
-commit, the exact command, the load average at start and end and every figure. The
-report is regenerated after each run unless --no-report. Progress goes to stderr.
+commit, the exact command, the load average at start and end and every figure. A run
+of some sections (--tables) into an existing results file of the same mode keeps its
+other sections, each marked with the run it came from (the report says so under its
+title). The report is regenerated after each run unless --no-report. Progress goes to stderr.
 --tiny runs every section at toy sizes (for the tests; no speed meaning).
 
 Exit codes: 0 done (cells that failed are recorded in the JSON, not fatal); 2 bad
@@ -216,6 +218,7 @@ def run(args, argv):
         "sizes": _jsonable(sizes.__dict__),
         "sections": {},
     }
+    carry_over(results, _previous_results(out_path, mode))
     progress = Progress(sections)
     start = time.perf_counter()
     for i, name in enumerate(sections, 1):
@@ -223,6 +226,7 @@ def run(args, argv):
         section_start = time.perf_counter()
         results["sections"][name] = RUNNERS[name](sizes, progress)
         results["sections"][name]["seconds"] = time.perf_counter() - section_start
+        results["sections"][name]["run"] = run_of(results)
         results["duration_s"] = time.perf_counter() - start
         _write_json(results, out_path)              # partial results survive an interruption
     progress.done()
@@ -262,6 +266,28 @@ def _fmt(load):
 
 def _jsonable(value):
     return json.loads(json.dumps(value, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
+
+
+def run_of(results):
+    return {"command": results["command"], "commit": results.get("git", {}).get("commit"),
+            "started": results["started"]}
+
+
+def _previous_results(path, mode):
+    """The results already at `path` from a run of the same mode, else None."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        previous = json.load(f)
+    return previous if previous.get("mode") == mode else None
+
+
+def carry_over(results, previous):
+    """Starts `results` with the sections of `previous`, each marked with the run it comes
+    from, for this run to replace those it redoes: a partial run (--tables) updates a
+    results file section by section, and an interrupted one loses nothing."""
+    for name, section in (previous or {}).get("sections", {}).items():
+        results["sections"][name] = {**section, "run": section.get("run") or run_of(previous)}
 
 
 def _write_json(results, path):

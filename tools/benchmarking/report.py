@@ -429,20 +429,16 @@ def _hotstorage(section):
 def markdown(results, source="benchmarks/results/full.json", charts=()):
     lines = _header(results, source) + _headline(results)
     sections = results["sections"]
-    if "packing" in sections:
-        lines += _packing(sections["packing"], "bench_packing.png" in charts, charts)
-    if "zoo" in sections:
-        lines += _zoo(sections["zoo"], "bench_zoo.png" in charts)
-    if "auc" in sections:
-        lines += _auc(sections["auc"])
-    if "ablation" in sections:
-        lines += _ablation(sections["ablation"])
-    if "ops" in sections:
-        lines += _ops(sections["ops"])
-    if "scaling" in sections:
-        lines += _scaling(sections["scaling"], "bench_scaling.png" in charts)
-    if "hotstorage" in sections:
-        lines += _hotstorage(sections["hotstorage"])
+    renderers = {
+        "packing": lambda s: _packing(s, "bench_packing.png" in charts, charts),
+        "zoo": lambda s: _zoo(s, "bench_zoo.png" in charts),
+        "auc": _auc, "ablation": _ablation, "ops": _ops,
+        "scaling": lambda s: _scaling(s, "bench_scaling.png" in charts),
+        "hotstorage": _hotstorage,
+    }
+    for name, render in renderers.items():
+        if name in sections:
+            lines += _with_provenance(render(sections[name]), sections[name], results)
     notes, errors = [], []
     for name, section in sections.items():
         notes += [f"- {name}: {n}" for n in section.get("notes", [])]
@@ -452,6 +448,17 @@ def markdown(results, source="benchmarks/results/full.json", charts=()):
     if errors:
         lines += ["² Cells that did not run:", ""] + errors + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _with_provenance(lines, section, results):
+    """A section's lines, with the run it comes from under its title where that is not
+    the run the header names (a partial run keeps the results file's other sections)."""
+    run = section.get("run")
+    if not run or run.get("commit") == results.get("git", {}).get("commit"):
+        return lines
+    note = (f"_From an earlier run: `{run.get('command')}` at {str(run.get('commit'))[:7]}, "
+            f"{run.get('started')}._")
+    return lines[:1] + ["", note] + lines[1:]
 
 
 # -- charts -----------------------------------------------------------------------------------
@@ -555,11 +562,22 @@ def _charts(results, docs_dir):
     return made
 
 
+# What follows this line in benchmarks.md is written by hand (studies run by their own
+# scripts) and kept when the report is regenerated.
+HAND_WRITTEN = "<!-- Written by hand below this line: picasso-bench --report keeps it. -->"
+
+
 def write_report(results, docs_dir="docs", source="benchmarks/results/full.json"):
     """Writes docs_dir/benchmarks.md and the charts; returns the list of paths written."""
     os.makedirs(docs_dir, exist_ok=True)
     charts = _charts(results, docs_dir)
     path = os.path.join(docs_dir, "benchmarks.md")
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+        if HAND_WRITTEN in text:
+            kept = "\n" + text[text.index(HAND_WRITTEN):]
     with open(path, "w") as f:
-        f.write(markdown(results, source, charts))
+        f.write(markdown(results, source, charts) + kept)
     return [path] + [os.path.join(docs_dir, c) for c in charts]
