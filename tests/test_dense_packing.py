@@ -164,3 +164,25 @@ def test_towers_over_their_own_inputs_stand_down_with_the_reason():
     assert report["packed"] == []
     [left] = report["left_alone"]
     assert left["units"] == 2 and "own input by its own weights" in left["why"]
+
+
+class Noisy(tf.keras.layers.Layer):
+    """x W times uniform noise drawn with a fixed op seed (the same op in every copy)."""
+
+    def build(self, shape):
+        self.w = self.add_weight("w", (shape[-1], 4))
+
+    def call(self, x):
+        return tf.matmul(x, self.w) * tf.random.uniform([4], seed=1)
+
+
+def test_units_that_draw_random_numbers_are_left_alone():
+    def build():
+        x = tf.keras.Input((8,), name="x")
+        units = [Noisy(name=f"noisy_{k}")(x) for k in range(3)]
+        return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(tf.concat(units, 1)))
+    _, optimized = twins(build)
+    report = dense_packing_report(optimized)
+    assert report["packed"] == []
+    [left] = report["left_alone"]
+    assert left["units"] == 3 and "RandomUniform" in left["why"] and "random" in left["why"]

@@ -41,6 +41,8 @@ from picasso_tf.graph.graph_def_util import canonical
 _PRODUCTS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 # Ops that stay outside a unit: their outputs are the unit's inputs.
 _OUTSIDE = ("Placeholder", "ReadVariableOp", "VarHandleOp", "PlaceholderWithDefault")
+_CONTROL_FLOW = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
+                 "StatefulPartitionedCall")
 # Node attributes that do not change what an op computes.
 _IGNORED_ATTRS = ("_class", "_output_shapes", "_has_manual_control_dependencies")
 
@@ -149,6 +151,13 @@ def _attr_text(value):
 def _why_not_packable(graph, units):
     """None where the units can run as one vectorised computation, else why not."""
     template = units[0]
+    for op in template.ops:
+        if op._is_stateful or op.type in _CONTROL_FLOW:      # noqa: SLF001
+            # A random op (dropout) would draw one batched sample instead of the units'
+            # own; a variable read, an assertion or a loop has no batched form that keeps
+            # its effects in order.
+            return (f"{op.name[len(template.scope) + 1:]} ({op.type}) has effects or draws random numbers, "
+                    "which a batched computation would not reproduce unit by unit")
     shared = {t.name for p, t in enumerate(template.inputs) if all(u.inputs[p] is t for u in units)}
     for op in template.ops:
         if op.type == "MatMul" and not any(t.name in shared for t in op.inputs):
