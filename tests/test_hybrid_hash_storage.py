@@ -1,7 +1,7 @@
 """hybrid_hash=True: the packed groups live in a hash table keyed by row id (the
 HybridHash storage kind), fetched per step and updated by the hash table's own ops.
-It trains as the tables read in place do, its checkpoints are the plain model's, and
-what it cannot honour is refused by name."""
+It trains as the tables read in place do, its checkpoints are the plain model's with
+the counts and hot set beside, and what it cannot honour is refused by name."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -138,6 +138,101 @@ def test_checkpoints_are_the_plain_models_and_training_continues_exactly(tmp_pat
         np.testing.assert_array_equal(a, b)
     for a, b in zip(first.optimizer.variables, second.optimizer.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def hash_state(model):
+    """Per logical table, every row's count and the hot row ids, as a checkpoint saves them."""
+    return {m.name: storage.saved_state(i) for storage in model.picasso.storages.values()
+            for i, m in enumerate(storage.layout.members)}
+
+
+def assert_same_state(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        for x, y in zip(a[name], b[name]):
+            np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+# PicassoModel._trackable_children (picasso_tf/api.py) must list each storage's
+# checkpoint_children beside the plain model's objects for these to pass.
+NEEDS_CHECKPOINT_CHILDREN = pytest.mark.xfail(
+    strict=True, reason="api.py's PicassoModel._trackable_children does not yet add storage.checkpoint_children()")
+
+
+@NEEDS_CHECKPOINT_CHILDREN
+@pytest.mark.parametrize("how", ["save_weights", "tf.train.Checkpoint"])
+def test_checkpoints_carry_the_counts_and_the_hot_set(tmp_path, how):
+    """Saved between refreshes (after steps 5 and 12), a hash-backed model restores into
+    another one with the same counts and hot set, whose hit ratios, losses and state
+    then follow the uninterrupted run's."""
+    data = batches(16, seed=2)
+    first = hashed(projection=False, **SMALL_HOT)
+    train(first, data[:9], OPTIMIZERS["adagrad"]())
+    second = hashed(seed=7, projection=False, **SMALL_HOT)
+    second.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    train(second, batches(1, seed=8))           # its own counts, which the restore replaces
+    path = str(tmp_path / "ckpt")
+    if how == "save_weights":
+        first.save_weights(path)
+        second.load_weights(path)
+    else:
+        tf.train.Checkpoint(model=first, optimizer=first.optimizer).write(path)
+        tf.train.Checkpoint(model=second, optimizer=second.optimizer).read(path).assert_consumed()
+        second.picasso.read_back()
+    saved = hash_state(first)
+    assert all(len(hot) for _, hot in saved.values()) and sum(c.sum() for c, _ in saved.values()) > 0
+    assert_same_state(hash_state(second), saved)
+
+    def go_on(model):
+        logs = [model.train_on_batch(x, y, return_dict=True) for x, y in data[9:]]
+        return [(float(g["loss"]), float(g["hot_hit_ratio"])) for g in logs]
+
+    assert go_on(second) == go_on(first)
+    assert_same_state(hash_state(second), hash_state(first))
+
+
+def test_plain_checkpoints_restore_both_ways(tmp_path):
+    """A hash-backed model's checkpoint restores into the plain Keras model, and the
+    plain model's into a new hash-backed one, which starts with no counts and an empty
+    hot set (a hot tier that holds every row: all of them)."""
+    hashed_model = hashed(projection=False, **SMALL_HOT)
+    train(hashed_model, batches(9), OPTIMIZERS["adagrad"]())
+    hashed_model.save_weights(str(tmp_path / "hashed"))
+    plain = build(seed=6)
+    plain.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    plain.load_weights(str(tmp_path / "hashed"))
+    for a, b in zip(plain_weights(hashed_model), plain_weights(plain)):
+        np.testing.assert_array_equal(a, b)
+
+    data = batches(4, seed=3)
+    train(plain, data)
+    plain.save_weights(str(tmp_path / "plain"))
+    for hot in ("small hot tier", "all hot"):
+        model = hashed(seed=7, projection=False, **HOT_TIERS[hot])
+        model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+        model.load_weights(str(tmp_path / "plain"))
+        for a, b in zip(plain_weights(plain), plain_weights(model)):
+            np.testing.assert_array_equal(a, b)
+        for table, (counts, hot_ids) in hash_state(model).items():
+            assert not counts.any(), table
+            rows = dict((f"emb_{n}/embeddings", v) for n, v, _ in FIELDS)[table]
+            assert hot_ids.tolist() == (list(range(rows)) if hot == "all hot" else []), table
+
+
+def test_a_hash_state_that_does_not_fit_the_table_is_refused_and_changes_nothing():
+    model = hashed(projection=False, **SMALL_HOT)
+    train(model, batches(7), OPTIMIZERS["adagrad"]())
+    before = hash_state(model)
+    (storage, member), = [(s, i) for s in model.picasso.storages.values()
+                          for i, m in enumerate(s.layout.members) if m.name == "emb_u/embeddings"]
+    counts, hot = before["emb_u/embeddings"]
+    assert hot.size
+    for bad in [(counts[:-1], hot), (counts.astype(np.int32), hot), (counts, np.append(hot, 50)),
+                (counts, np.append(hot, hot[:1]))]:
+        with pytest.raises(ValueError, match="hash state of table emb_u/embeddings.*another vocabulary"):
+            storage.restore_state(member, *bad)
+    model.picasso.read_back()
+    assert_same_state(hash_state(model), before)
 
 
 def test_recompiling_continues_from_the_trained_rows():

@@ -17,13 +17,19 @@ model's checkpoint: ``write_back`` copies the rows (and the Adagrad accumulators
 the Keras optimizer's slots) into them (sharded: gathered from every rank, a
 collective), ``read_back`` imports them again. Until the
 original tables are released the group's rows are held twice.
+
+The rest of the hash state goes into checkpoints beside them, per logical table under
+"picasso_hash/<table>" (``checkpoint_children``, HashState): every row's lookup count
+(Algorithm 1's FCounter) and the row ids in the hot tier, so that a restored model's hot
+tier goes on as the saved one would have. A checkpoint without them (the plain model's)
+leaves the counts and the hot set as they are: empty in a new model.
 """
 import numpy as np
 import tensorflow as tf
 
 from picasso_tf.distributed.world import World, hvd
-from picasso_tf.embedding.hot_tier import HotTier
-from picasso_tf.embedding.row_keys import ID_BITS, keys_of, positions_of, row_id
+from picasso_tf.embedding.hot_tier import EMPTY, HotTier
+from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.errors import UnsupportedModelError
@@ -57,6 +63,10 @@ class HybridHashTables(EmbeddingStorage):
         self.optimizer = None       # the RowSparseOptimizer it was bound to
         self._slots = []            # per member, the Keras optimizer's slot variable, or None
         self._written_at = None     # self.updates when the originals last held the rows
+        self._saved_state = None    # per member (counts, hot ids) as of self.updates == _state_at, for HashState
+        self._state_at = None
+        self._restored = {}         # member index -> (counts, hot ids) a restore read, until read_back
+        self._checkpointed = {f"picasso_hash/{m.name}": HashState(self, i) for i, m in enumerate(layout.members)}
         with tf.init_scope():       # the model may be rewritten while a step is traced
             self.read_back()
 
@@ -185,45 +195,134 @@ class HybridHashTables(EmbeddingStorage):
 
     def write_back(self):
         """Copies the rows and slots into the originals, unless they hold them already
-        (so that a write-back after a restore does not undo it)."""
-        if self._written_at == int(self.updates.numpy()):
+        (so that a write-back after a restore does not undo it), and keeps the hash
+        state a checkpoint saves (a collective when sharded, as both are gathered)."""
+        now = int(self.updates.numpy())
+        if self._written_at == now and self._state_at == now:
             return
-        keys, values, slot, _, _ = self._current()
+        keys, values, slot, counts, _ = self._current()
         sizes = [len(self._held(m)) for m in self.layout.members]
         if int(tf.size(keys)) != sum(sizes):
             raise AssertionError(f"picasso_tf: hash storage {self.name} holds {int(tf.size(keys))} rows, "
                                  f"not its tables' {sum(sizes)}; please report this model")
-        # Keys sort member by member, row by row: the rows are the (held rows of the) tables concatenated.
-        for member, rows, keras_slot, slot_rows in zip(self.layout.members, tf.split(values, sizes),
-                                                       self._slots or [None] * len(sizes), tf.split(slot, sizes)):
-            member.variable.assign(self._whole(rows, member))
-            if keras_slot is not None:
-                keras_slot.assign(self._whole(slot_rows, member))
-        self._written_at = int(self.updates.numpy())
+        if self._written_at != now:
+            # Keys sort member by member, row by row: the rows are the (held rows of the) tables concatenated.
+            for member, rows, keras_slot, slot_rows in zip(self.layout.members, tf.split(values, sizes),
+                                                           self._slots or [None] * len(sizes), tf.split(slot, sizes)):
+                member.variable.assign(self._whole(rows, member, "rows"))
+                if keras_slot is not None:
+                    keras_slot.assign(self._whole(slot_rows, member, "slot"))
+            self._written_at = now
+        self._keep_state(counts, sizes)
 
-    def _whole(self, rows, member):
-        """A member table's rows from every rank's `rows` (a collective when sharded)."""
+    def _keep_state(self, counts, sizes):
+        """Keeps, per member table, every row's count and its hot row ids (whole: from
+        every rank when sharded), for the next checkpoint written before a step."""
+        hot_keys = self.hot.keys.numpy() if self.hot is not None else np.zeros(0, np.int64)
+        hot_keys = hot_keys[hot_keys != EMPTY]
+        state = []
+        for m, (member, member_counts) in enumerate(zip(self.layout.members, tf.split(counts, sizes))):
+            hot = hot_keys[hot_keys >> ID_BITS == m] & ID_MASK
+            state.append((self._whole(member_counts, member, "counts").numpy(),
+                          np.sort(self._whole(tf.constant(hot), member, "hot", in_order=False).numpy())))
+        self._saved_state, self._state_at = state, int(self.updates.numpy())
+
+    def _whole(self, rows, member, what, in_order=True):
+        """A member table's `rows` from every rank's (a collective when sharded), in the
+        table's row order unless not `in_order`."""
         if not self.world.distributed:
             return rows
-        gathered = hvd().allgather(rows, name=f"picasso_hash_write_back_{member.name.replace('/', '_')}")
-        return tf.gather(gathered, rank_major_order(member.rows, self.world.size))
+        gathered = hvd().allgather(rows, name=f"picasso_hash_write_back_{what}_{member.name.replace('/', '_')}")
+        return tf.gather(gathered, rank_major_order(member.rows, self.world.size)) if in_order else gathered
+
+    def checkpoint_children(self):
+        """Per member table, its HashState, named after the table."""
+        return dict(self._checkpointed)
+
+    def saved_state(self, member):
+        """(every row's count, the hot row ids) of member table number `member`, as a
+        checkpoint saves them."""
+        if self._state_at != int(self.updates.numpy()):
+            if self.collective:
+                raise RuntimeError(
+                    f"picasso_tf: the hash state of {self.layout.members[member].name} is saved from write_back, which "
+                    "every rank calls together under hybrid parallelism (save_weights does); call "
+                    "model.picasso.write_back() on every rank before writing a checkpoint")
+            with tf.init_scope():
+                keys, _, _, counts, _ = self._current()
+                self._keep_state(counts, [len(self._held(m)) for m in self.layout.members])
+        return self._saved_state[member]
+
+    def restore_state(self, member, counts, hot):
+        """Takes a checkpoint's hash state of member table number `member` for the next
+        ``read_back``; refuses (changing nothing) one that does not fit the table."""
+        table = self.layout.members[member]
+        counts, hot = np.asarray(counts), np.asarray(hot)
+        problem = None
+        if counts.dtype != np.int64 or counts.shape != (table.rows,) or (counts < 0).any():
+            problem = f"counts of dtype {counts.dtype} and shape {counts.shape}, not {table.rows} int64 counts >= 0"
+        elif hot.dtype != np.int64 or hot.ndim != 1 or ((hot < 0) | (hot >= table.rows)).any() or \
+                np.unique(hot).size != hot.size:
+            problem = f"hot row ids {hot.tolist()[:8]}..., not distinct int64 ids below {table.rows}"
+        if problem:
+            raise ValueError(f"picasso_tf: the checkpoint's hash state of table {table.name} (picasso_hash/"
+                             f"{table.name}) holds {problem}; was it written by a model with another vocabulary "
+                             "for this table? Restore a checkpoint of this model")
+        self._restored[member] = (counts, hot)
 
     def read_back(self):
-        """Imports the originals' rows and slots; the hot tier keeps its keys (all of
-        them when it can hold every row) with their new rows."""
+        """Imports the originals' rows and slots, with the counts and hot set that a
+        restore read (HashState) for the tables it read them for; the others keep
+        theirs (all rows hot when the hot tier can hold every row)."""
         members = self.layout.members
-        keys = tf.constant(self.keys())
+        keys = self.keys()
         held = [self._held(m) for m in members]
         values = tf.concat([tf.gather(m.variable, h) for m, h in zip(members, held)], 0)
         slot = tf.concat([tf.gather(s, h) if s is not None else tf.zeros([len(h), self.layout.dim])
                           for h, s in zip(held, self._slots or [None] * len(members))], 0)
-        if self.hot is None:
-            self.table.import_(keys, values, slot[None])
-        else:
-            counts = self._current()[3] if self._written_at is not None else tf.zeros_like(keys)
-            self.table.import_(keys, values, slot[None], counts)
-            self.hot.load(keys, values, slot, tf.range(tf.size(keys)) if self.all_hot else self.hot.loaded(keys))
-        self._written_at = int(self.updates.numpy())
+        counts = self._current()[3].numpy() if self._written_at is not None else np.zeros(len(keys), np.int64)
+        first = np.cumsum([0] + [len(h) for h in held])
+        for m, (restored_counts, _) in self._restored.items():
+            counts[first[m]:first[m + 1]] = restored_counts[held[m]]
+        hot = self._hot_after_read(keys, counts, held) if self.hot is not None else None
+        self.table.import_(keys, values, slot[None], counts)
+        if self.hot is not None:
+            self.hot.load(keys, values, slot, hot)
+        self._restored = {}
+        self._written_at, self._state_at = int(self.updates.numpy()), None
+
+    def _hot_after_read(self, keys, counts, held):
+        """Positions in `keys` of the hot set after read_back: the restored hot ids of
+        the tables a restore read, the hot keys of the others; if they are more than the
+        tier holds (a checkpoint of another plan), those of highest count (ties: the
+        smaller key)."""
+        if self.all_hot:
+            return np.arange(len(keys))
+        kept = self.hot.loaded(tf.constant(keys)).numpy()
+        chosen = [kept[np.isin(keys[kept] >> ID_BITS, list(self._restored), invert=True)]]
+        for m, (_, hot) in self._restored.items():
+            mine = hot[np.isin(hot, held[m], assume_unique=True)]
+            chosen.append(np.searchsorted(keys, (m << ID_BITS) | mine))
+        chosen = np.unique(np.concatenate(chosen))
+        if chosen.size > self.hot.capacity:
+            chosen = np.sort(chosen[np.lexsort((chosen, -counts[chosen]))[:self.hot.capacity]])
+        return chosen
+
+
+class HashState(tf.__internal__.tracking.Trackable):
+    """A checkpoint's hash state of one logical table (a member of a hash-backed group):
+    "counts", every row's lookup count, and "hot", the row ids in the hot tier."""
+
+    def __init__(self, storage, member):
+        self._storage, self._member = storage, member
+
+    def _serialize_to_tensors(self):
+        counts, hot = self._storage.saved_state(self._member)
+        return {"counts": tf.constant(counts), "hot": tf.constant(hot)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        self._storage.restore_state(self._member, restored_tensors["counts"].numpy(), restored_tensors["hot"].numpy())
+        return tf.no_op()
 
 
 class FetchedRowsLog:

@@ -13,7 +13,11 @@ Everything else about a group's state goes through this interface:
   apply            a step's update (sparse_apply.Update) of unique rows; a gradient
                    kernel may instead apply it in place, to ``variables``
   write_back       make the original model's variables hold the rows (checkpoints, export)
+  release          free what write_back gathered into the originals (where that is a copy)
   read_back        make the storage hold the original variables' rows (after a restore)
+  checkpoint_children  state beyond the original variables' that checkpoints save, as
+                   {name derived from a logical table's name: trackable}; the model's
+                   checkpoint lists them beside the plain model's objects
 
 Kinds plug in at ``make_storage``. "tables" is the first: the group's original
 tables read in place, with the Keras optimizer's own slot variables, so a wrapped
@@ -57,8 +61,15 @@ class EmbeddingStorage:
     def write_back(self):
         raise NotImplementedError
 
+    def release(self):
+        """Frees the originals' copy of the rows that write_back made, where the
+        storage's own state holds them (row-sharded tables); nothing to do elsewhere."""
+
     def read_back(self):
         raise NotImplementedError
+
+    def checkpoint_children(self):
+        return {}
 
 
 class TablesInPlace(EmbeddingStorage):
