@@ -9,11 +9,12 @@ through every micro-batch."""
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
-from picasso_tf.graph.graph_def_util import GraphIndex, canonical, prune, rewire, split_tensor_name, unique_name
+from picasso_tf.graph.graph_def_util import (GraphIndex, canonical, prune, reachable_nodes, rewire, split_tensor_name,
+                                             unique_name)
 
 # Ops whose output row i reads row i of their inputs only (inputs broadcast to the
 # output's rank): with axis 0 the batch in and out, the cut can move past them.
-ELEMENTWISE = {"Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Add", "AddV2", "Sub", "Maximum", "Minimum", "Neg",
+ELEMENTWISE = {"AddN", "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Add", "AddV2", "Sub", "Maximum", "Minimum", "Neg",
                "Cast", "Identity", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Abs"}
 # Ops over constant axes that keep axis 0 where it is unless they name it: pooling
 # reductions, concatenation, inserting or squeezing an axis.
@@ -35,7 +36,9 @@ def cut_tensors(graph_def, lookup_nodes, input_tensors, needed):
             if use.name not in layer and _row_wise(use, layer, free, ranks, index):
                 layer.add(use.name)
                 todo.append(use.name)
-    read = {t for t, uses in index.consumers.items() if any(n.name not in layer for n, _ in uses)}
+    # Only what the outputs need: the dense part is pruned to them.
+    live = reachable_nodes(graph_def, needed)
+    read = {t for t, uses in index.consumers.items() if any(n.name not in layer and n.name in live for n, _ in uses)}
     return sorted(t for t in read | {canonical(t) for t in needed} if split_tensor_name(t)[0] in layer)
 
 

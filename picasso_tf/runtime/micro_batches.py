@@ -41,14 +41,17 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None):
     whole batch's predictions."""
     parts, shares, bounds = split_batch(data, k)
     embeddings = cut.embed(data[0]) if cut is not None else []
-    stopped = [tf.stop_gradient(e) for e in embeddings]
+    sizes = tf.stack([e - b for b, e in bounds])
+    cut_parts = [_parts(e, bounds, sizes) for e in embeddings]
     gradients, predictions, losses, embedding_grads = [], [], [], []
-    for i, ((x, y, sample_weight), share, (begin, end)) in enumerate(zip(parts, shares, bounds)):
+    for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
         ready = losses[-1:] + (_computed(gradients[-2]) if i >= 2 else [])
-        rows = [e[begin:end] for e in stopped]
+        rows = [parts[i] for parts in cut_parts]
         with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
             x = tf.nest.map_structure(_identity, x)
-            rows = [tf.identity(r) for r in rows]
+            # Stopped past the split: the split's gradient (a whole batch of zeros but
+            # the micro-batch's rows) is not built only to be dropped.
+            rows = [tf.stop_gradient(r) for r in rows]
         y_pred, loss = forward_and_loss(x, y, sample_weight, forward=cut.dense(rows) if cut is not None else None)
         _refuse_masked(y_pred, k)
         grads, rows_grads = _backward(step, loss * tf.cast(share, loss.dtype), optimizer.iterations, rows)
@@ -153,7 +156,9 @@ def split_batch(structure, k):
     rows = _batch_size(next(t for t in tf.nest.flatten(structure) if t is not None))
     bounds = [(rows * i) // k for i in range(k + 1)]
     bounds = list(zip(bounds[:-1], bounds[1:]))
-    parts = [tf.nest.map_structure(lambda t, b=b, e=e: _rows(t, b, e), structure) for b, e in bounds]
+    sizes = tf.stack([e - b for b, e in bounds])
+    flat = [_parts(t, bounds, sizes) for t in tf.nest.flatten(structure)]
+    parts = [tf.nest.pack_sequence_as(structure, [p[i] for p in flat]) for i in range(k)]
     total = tf.cast(tf.maximum(rows, 1), tf.float64)
     shares = [tf.cast(e - b, tf.float64) / total for b, e in bounds]
     return parts, shares, bounds
@@ -187,15 +192,20 @@ def _batch_size(tensor):
     return tf.shape(tensor, out_type=tf.int32)[0]
 
 
-def _rows(tensor, begin, end):
+def _parts(tensor, bounds, sizes):
+    """tensor's rows [begin, end) for each (begin, end) of `bounds` (`sizes`: their end - begin)."""
     if tensor is None:
-        return None
+        return [None] * len(bounds)
     if isinstance(tensor, tf.SparseTensor):
         rank = tf.size(tensor.dense_shape)
-        start = tf.concat([[tf.cast(begin, tf.int64)], tf.zeros([rank - 1], tf.int64)], 0)
-        size = tf.concat([[tf.cast(end - begin, tf.int64)], tensor.dense_shape[1:]], 0)
-        return tf.sparse.slice(tensor, start, size)
-    return tensor[begin:end]
+        return [tf.sparse.slice(tensor, tf.concat([[tf.cast(b, tf.int64)], tf.zeros([rank - 1], tf.int64)], 0),
+                                tf.concat([[tf.cast(e - b, tf.int64)], tensor.dense_shape[1:]], 0))
+                for b, e in bounds]
+    if isinstance(tensor, tf.RaggedTensor):
+        return [tensor[b:e] for b, e in bounds]
+    # One split for all micro-batches: a slice per micro-batch and feature is an op each,
+    # with three more packing its bounds, over hundreds of features.
+    return tf.split(tensor, sizes, axis=0, num=len(bounds))
 
 
 def _refuse_masked(y_pred, k):
