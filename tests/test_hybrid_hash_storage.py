@@ -93,6 +93,54 @@ def test_the_hot_set_follows_algorithm_1():
     assert any(r > 0 for r in ratios) and any(r < 1 for r in ratios[warmup:])
 
 
+def test_a_lookahead_refresh_holds_the_ids_of_the_next_batches():
+    """refresh_ahead every 3 steps from the next 4 batches (the scheduled refresh kept
+    off): the hot set holds the ids looked up in most of them, then the most counted
+    before, then the smaller id; hit ratios follow, and training is the same as without
+    a hot tier (rows move between the tiers, never change)."""
+    every, ahead, capacity, steps = 3, 4, 7, 14
+    rng = np.random.default_rng(1)
+    data = [({"u": rng.zipf(1.3, (16, 3)) % 60}, (rng.random(16) < 0.5).astype("float32")) for _ in range(steps)]
+    models = {}
+    for hot in (capacity, 0):
+        models[hot] = picasso.optimize(one_table_model(), hybrid_hash=True, projection=False,
+                                       hot_storage_bytes=hot * (2 * 4 * 4 + 16), hot_warmup_steps=10 ** 9)
+        models[hot].compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    (storage,) = models[capacity].picasso.storages.values()
+    (table,) = [m.name for m in storage.layout.members]
+    counts, hot, losses = np.zeros(60, np.int64), set(), {capacity: [], 0: []}
+    for step, (x, y) in enumerate(data):
+        if step % every == 0:
+            storage.refresh_ahead([{table: later["u"]} for later, _ in data[step:step + ahead]])
+            future = np.zeros(60, np.int64)
+            for later, _ in data[step:step + ahead]:
+                future[np.unique(later["u"])] += 1
+            hot = set(np.lexsort((np.arange(60), -counts, -future))[:capacity].tolist())
+        assert set(storage.hot.keys.numpy()[storage.hot.keys.numpy() < 60].tolist()) == hot, step
+        logs = {h: m.train_on_batch(x, y, return_dict=True) for h, m in models.items()}
+        distinct = np.unique(x["u"])
+        np.testing.assert_allclose(logs[capacity]["hot_hit_ratio"], len(hot & set(distinct.tolist())) / len(distinct),
+                                   rtol=1e-6)
+        counts[distinct] += 1
+        for h in models:
+            losses[h].append(float(logs[h]["loss"]))
+    assert losses[capacity] == losses[0]
+
+
+def test_a_lookahead_refresh_refuses_ids_outside_the_table_and_changes_nothing():
+    model = picasso.optimize(one_table_model(), hybrid_hash=True, hot_storage_bytes=7 * (2 * 4 * 4 + 16))
+    model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    (storage,) = model.picasso.storages.values()
+    (table,) = [m.name for m in storage.layout.members]
+    storage.refresh_ahead([{table: np.arange(5, 12)}])
+    before = storage.hot.keys.numpy().copy()
+    for bad in (np.array([3, 60]), np.array([-1]), np.array([0.5])):
+        with pytest.raises(ValueError, match=f"refresh_ahead.*table {table}.*0, 60"):
+            storage.refresh_ahead([{table: np.arange(3)}, {table: bad}])
+        np.testing.assert_array_equal(storage.hot.keys.numpy(), before)
+    assert sorted(before[before < 60].tolist()) == list(range(5, 12))
+
+
 def test_a_hot_tier_that_holds_every_row_holds_them_from_the_start():
     model = hashed()
     model.compile(optimizer=OPTIMIZERS["sgd"](), loss="binary_crossentropy")

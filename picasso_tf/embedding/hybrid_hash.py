@@ -193,6 +193,43 @@ class HybridHashTables(EmbeddingStorage):
         with tf.control_dependencies([imported]):
             return self.hot.load(keys, values, slot, self.hot.hottest(counts))
 
+    def refresh_ahead(self, upcoming):
+        """Lookahead refresh (Bagpipe's idea), between steps: the hot set becomes the
+        keys looked up in most of the `upcoming` batches, then those of highest count
+        (Algorithm 1's choice), then the smaller key; the rows and counts of the keys
+        that leave go back to the table, as at a scheduled refresh. `upcoming` is one
+        {table name: the ids its lookups read, any shape} per batch, in training order,
+        as a loop that peeks ahead of its input would give them; a table of another
+        group is ignored. Refuses (changing nothing) a table name that no hash-backed
+        group holds or an id outside its table."""
+        position = {m.name: i for i, m in enumerate(self.layout.members)}
+        batches = []
+        for batch in upcoming:
+            keys = []
+            for name, ids in batch.items():
+                if name not in position:
+                    continue
+                member = self.layout.members[position[name]]
+                ids = np.asarray(ids).reshape(-1)
+                if not np.issubdtype(ids.dtype, np.integer) or ((ids < 0) | (ids >= member.rows)).any():
+                    raise ValueError(f"picasso_tf: refresh_ahead: the upcoming ids of table {name} are not all "
+                                     f"integers in [0, {member.rows}): {ids[:8].tolist()}...; give the ids its "
+                                     "lookups read")
+                held = ids[ids % self.world.size == self.world.rank].astype(np.int64)
+                keys.append((position[name] << ID_BITS) | held)
+            batches.append(np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64))
+        if self.hot is None or self.all_hot:
+            return      # no choice to make
+        keys, values, slot, counts, last_steps = self._current()
+        sorted_keys, past = keys.numpy(), counts.numpy()
+        future = np.zeros_like(past)
+        for distinct in batches:
+            future[np.searchsorted(sorted_keys, distinct)] += 1
+        chosen = np.lexsort((np.arange(len(sorted_keys)), -past, -future))[:self.hot.capacity]
+        self.table.import_(keys, values, slot[None], counts, last_steps)
+        self.hot.load(keys, values, slot, np.sort(chosen))
+        self._state_at = None       # the hot set a checkpoint saves has changed
+
     def write_back(self):
         """Copies the rows and slots into the originals, unless they hold them already
         (so that a write-back after a restore does not undo it), and keeps the hash
