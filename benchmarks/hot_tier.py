@@ -1,9 +1,11 @@
 """Table VI on this machine: HybridHash's hot tier (Algorithm 1, paper §III-D) on Zipf ids,
-its hit ratio beside an LRU cache and the Belady bound of the same size, and samples/s.
+its hit ratio beside an LRU cache and the Belady bound of the same size, and samples/s;
+then lookahead refresh (Bagpipe's idea) beside refresh from past counts.
 
     .venv/bin/python benchmarks/hot_tier.py [--zipf 1.05 1.2 1.5] [--shares 0.01 0.05 0.2]
         [--vocab 100000] [--batch 256] [--ids-per-example 16] [--steps 500] [--warmup 100]
-        [--refresh 100] [--rounds 15] [--timed-steps 20]
+        [--refresh 100] [--rounds 15] [--timed-steps 20] [--lookahead 100:100 10:10 10:100 1:1]
+        [--simulate-only]
 
 One Keras model (an embedding table of --vocab rows, dim 16, looked up by --ids-per-example
 ids per example, averaged, and a sigmoid unit; Adagrad) trains through
@@ -18,6 +20,17 @@ in when a step looks it up) and the best fixed set (clairvoyant: the ids looked 
 steps, held throughout). Then every model, with hybrid_hash=False and a hash-backed model
 without a hot tier beside, is timed interleaved (picasso_tf.tools.benchmarking.measure) on
 a few more batches of the stream. Prints a table and writes it to --out.
+
+The second table is NumPy on the same streams and hot-tier sizes: a hot set refreshed
+before step --warmup and every R steps after, either from past counts (Algorithm 1's
+choice; R=--refresh is Algorithm 1 itself) or from the ids of the next K batches, as a
+training loop that peeks K batches ahead of a tf.data pipeline could (--lookahead R:K;
+it holds the ids looked up in most of those K steps, then by past counts, then the
+smaller id). Beside each hit ratio, the rows taken into the tier per step: what the
+refreshes move from the cold tier. LRU and Belady's MIN take a row in on every miss they
+admit, so a lookahead refreshed every step can pass Belady's hit ratio (it prefetches)
+at about LRU's traffic. --simulate-only prints this table alone (no model, no timing)
+and writes no file unless --out names one.
 """
 import argparse
 import dataclasses
@@ -53,6 +66,98 @@ def line(row):
             f"{speed:>26} {versus:>19} {percent(row, 'timed_hit_ratio'):>8}")
 
 
+def refreshed_hits(distinct, vocab, capacity, first, every, horizon):
+    """Per step, the hits of a hot set refreshed before step `first` and every `every`
+    steps after, holding the `capacity` ids looked up in most of the next `horizon` steps
+    (0: past counts alone, Algorithm 1), then in most of the steps before, then the
+    smaller id; and the ids taken in by each step's refresh."""
+    import numpy as np
+    past, held, hits, taken = np.zeros(vocab, np.int64), np.zeros(vocab, bool), [], []
+    order = np.arange(vocab)
+    for step, ids in enumerate(distinct):
+        took = 0
+        if step >= first and (step - first) % every == 0:
+            future = np.zeros(vocab, np.int64)
+            for later in distinct[step:step + horizon]:
+                future[later] += 1
+            chosen = np.zeros(vocab, bool)
+            chosen[np.lexsort((order, -past, -future))[:capacity]] = True
+            took, held = int((chosen & ~held).sum()), chosen
+        hits.append(int(held[ids].sum()))
+        taken.append(took)
+        past[ids] += 1
+    return np.array(hits), np.array(taken)
+
+
+def lookahead_table(sizes, exponent, shares, schedules, say):
+    """Hit ratios (and rows taken in per step) of past-count and lookahead refresh, LRU and
+    Belady on the stream hot_tier_sweep trains on; returns the rows."""
+    import numpy as np
+    from picasso_tf.tools.benchmarking import sections
+    stream = sections.zipf_stream(sizes.hot_steps + sizes.batches, sizes.hot_batch, sizes.hot_ids_per_example,
+                                  sizes.hot_vocab, exponent, sizes.seed)[:sizes.hot_steps]
+    distinct = [np.unique(b) for b in stream]
+    seen, first = int(np.unique(stream).size), sizes.hot_warmup
+    looked_up = sum(ids.size for ids in distinct[first:])
+    steps = len(distinct) - first
+    rows = []
+    for share in shares:
+        capacity = max(1, round(share * seen))     # as hot_tier_sweep sizes the tier
+        row = {"zipf": exponent, "share": share, "hot_rows": capacity, "policies": {}}
+        for every in sorted({r for r, _ in schedules} | {sizes.hot_refresh}, reverse=True):
+            for horizon in [0] + [k for r, k in schedules if r == every]:
+                hits, taken = refreshed_hits(distinct, sizes.hot_vocab, capacity, first, every, horizon)
+                if horizon == 0 and every == sizes.hot_refresh:
+                    replica = sections.algorithm1_hits(distinct, sizes.hot_vocab, capacity, first, every)
+                    if not np.array_equal(hits, replica):
+                        raise AssertionError("past-count refresh differs from sections.algorithm1_hits")
+                name = f"past R={every}" if horizon == 0 else f"ahead R={every} K={horizon}"
+                row["policies"][name] = (hits[first:].sum() / looked_up, taken[first:].sum() / steps)
+        row["lru"] = sections.lru_hits(stream, sizes.hot_vocab, capacity)[first:].sum() / looked_up
+        row["belady"] = sections.belady_hits(distinct, sizes.hot_vocab, capacity)[first:].sum() / looked_up
+        rows.append(row)
+    names = list(rows[0]["policies"])
+    say(f"Zipf {exponent}: {seen:,} distinct ids, {np.mean([d.size for d in distinct]):,.0f} per step; hit ratio "
+        "(rows taken in per step) over the steps after the warm-up; x Belady below")
+    say(f"{'share':>6} {'rows':>7}" + "".join(f" {n:>19}" for n in names) + f" {'LRU':>19} {'Belady':>19}")
+    misses = looked_up / steps       # per step, times (1 - hit ratio): what LRU takes in, Belady at most
+    for row in rows:
+        cells = [(h, t) for h, t in row["policies"].values()] + [(row[c], misses * (1 - row[c])) for c in
+                                                                 ("lru", "belady")]
+        say(f"{100 * row['share']:>5g}% {row['hot_rows']:>7,}" +
+            "".join(f" {100 * h:>9.1f}% ({t:>6,.0f})" for h, t in cells))
+        say(f"{'':>6} {'':>7}" + "".join(f" {h / row['belady']:>18.3f}x" for h, _ in cells))
+    return rows
+
+
+def timed_table(sizes, args, say):
+    """The models on the streams: Algorithm 1 from the storage's counters, LRU, Belady, the
+    best fixed set, and samples/s."""
+    from picasso_tf.tools.benchmarking import sections
+    rows = []
+    for exponent in args.zipf:
+        found = sections.hot_tier_sweep(sizes, exponent, lambda m: print(f"  .. {m}", file=sys.stderr, flush=True))
+        say(f"Zipf {exponent}: {found[0]['distinct_ids']:,} distinct ids in the stream, "
+            f"{found[0]['distinct_per_step']:,.0f} per step on average; load average {os.getloadavg()[0]:.1f}")
+        for row in found:
+            say(line(row))
+        rows += found
+        sections.cleanup()
+    off = [r["name"] for r in rows if "algorithm1" in r and abs(r["algorithm1"] - r["algorithm1_numpy"]) > 1e-12]
+    say()
+    say("Algorithm 1: the storage's counters " + (f"DIFFER from the NumPy replica in: {', '.join(off)}" if off
+                                                  else "equal the NumPy replica's hit ratio in every row"))
+    zipf, share, floor = TARGET
+    hit = next((r for r in rows if r["zipf"] == zipf and r.get("share") == share and "belady" in r), None)
+    if hit:
+        say(f"target (issue 22): Algorithm 1 >= {floor}x Belady at a hot tier of {100 * share:g}% of the distinct ids "
+            f"on Zipf {zipf}: {hit['algorithm1/belady']:.3f}x ({100 * hit['algorithm1']:.1f}% against "
+            f"{100 * hit['belady']:.1f}%): {'met' if hit['algorithm1/belady'] >= floor else 'NOT met'}; the best fixed "
+            f"set, which past counts can at most find, is {hit['best_fixed_set'] / hit['belady']:.3f}x Belady")
+    say("columns: 'fixed' = best fixed set; 'timed hit' = the hot tier's hit ratio while timed (the timed batches "
+        "repeat, so their ids gain counts); samples/s with no GPU: the hot tier is a CPU array, both tiers in DRAM")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--zipf", type=float, nargs="+", default=[1.05, 1.2, 1.5])
@@ -66,8 +171,18 @@ def main(argv=None):
     p.add_argument("--refresh", type=int, default=100)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--timed-steps", type=int, default=20)
-    p.add_argument("--out", default=os.path.join(HERE, "hot_tier.txt"))
+    p.add_argument("--lookahead", nargs="+", default=["100:100", "10:10", "10:100", "1:1"], metavar="R:K",
+                   help="lookahead refreshes: every R steps from the next K batches (past counts every R beside)")
+    p.add_argument("--simulate-only", action="store_true",
+                   help="only the NumPy table of refresh policies (no model, no timing)")
+    p.add_argument("--out", help="default: benchmarks/hot_tier.txt; none with --simulate-only")
     args = p.parse_args(argv)
+    try:
+        schedules = [tuple(int(v) for v in r_k.split(":")) for r_k in args.lookahead]
+    except ValueError:
+        schedules = []
+    if not schedules or any(len(rk) != 2 or min(rk) < 1 for rk in schedules):
+        p.error(f"--lookahead {' '.join(args.lookahead)}: give each refresh as R:K, both at least 1 (e.g. 10:10)")
 
     import tensorflow as tf
     from picasso_tf.tools.benchmarking import sections
@@ -92,33 +207,32 @@ def main(argv=None):
         f"dim {sizes.hot_dim}, Adagrad; warm-up {args.warmup} steps, hot set refreshed every {args.refresh}")
     say(f"hit ratios over steps {args.warmup + 1}-{args.steps}; samples/s: median (min-max) over {args.rounds} "
         f"interleaved rounds of {args.timed_steps} steps on {sizes.batches} more batches, repeated")
+    if not args.simulate_only:
+        say()
+        say(f"{'zipf':<5} {'model':<18} {'hot rows (share)':>16} {'Alg. 1':>8} {'LRU':>7} {'Belady':>7} {'fixed':>7} "
+            f"{'A1/Bel.':>8}  {'samples/s':>26} {'/ hybrid_hash=False':>19} {'timed hit':>8}")
+        timed_table(sizes, args, say)
     say()
-    say(f"{'zipf':<5} {'model':<18} {'hot rows (share)':>16} {'Alg. 1':>8} {'LRU':>7} {'Belady':>7} {'fixed':>7} "
-        f"{'A1/Bel.':>8}  {'samples/s':>26} {'/ hybrid_hash=False':>19} {'timed hit':>8}")
-    rows = []
+    say(f"Lookahead refresh (Bagpipe) beside refresh from past counts, NumPy on the same streams: the hot set "
+        f"refreshed before step {args.warmup} and every R steps after, from past counts ('past R', R={args.refresh} "
+        "is Algorithm 1) or from the ids of the next K batches ('ahead R K'); rows taken in = rows the refreshes "
+        "move into the tier (LRU takes in every miss, Belady at most every miss: their misses are shown)")
+    ahead = []
     for exponent in args.zipf:
-        found = sections.hot_tier_sweep(sizes, exponent, lambda m: print(f"  .. {m}", file=sys.stderr, flush=True))
-        say(f"Zipf {exponent}: {found[0]['distinct_ids']:,} distinct ids in the stream, "
-            f"{found[0]['distinct_per_step']:,.0f} per step on average; load average {os.getloadavg()[0]:.1f}")
-        for row in found:
-            say(line(row))
-        rows += found
-        sections.cleanup()
-    off = [r["name"] for r in rows if "algorithm1" in r and abs(r["algorithm1"] - r["algorithm1_numpy"]) > 1e-12]
-    say()
-    say("Algorithm 1: the storage's counters " + (f"DIFFER from the NumPy replica in: {', '.join(off)}" if off
-                                                  else "equal the NumPy replica's hit ratio in every row"))
+        ahead += lookahead_table(sizes, exponent, args.shares, schedules, say)
     zipf, share, floor = TARGET
-    hit = next((r for r in rows if r["zipf"] == zipf and r.get("share") == share and "belady" in r), None)
+    hit = next((r for r in ahead if r["zipf"] == zipf and r["share"] == share), None)
     if hit:
-        say(f"target (issue 22): Algorithm 1 >= {floor}x Belady at a hot tier of {100 * share:g}% of the distinct ids "
-            f"on Zipf {zipf}: {hit['algorithm1/belady']:.3f}x ({100 * hit['algorithm1']:.1f}% against "
-            f"{100 * hit['belady']:.1f}%): {'met' if hit['algorithm1/belady'] >= floor else 'NOT met'}; the best fixed "
-            f"set, which past counts can at most find, is {hit['best_fixed_set'] / hit['belady']:.3f}x Belady")
-    say("columns: 'fixed' = best fixed set; 'timed hit' = the hot tier's hit ratio while timed (the timed batches "
-        "repeat, so their ids gain counts); samples/s with no GPU: the hot tier is a CPU array, both tiers in DRAM")
-    with open(args.out, "w") as f:
-        f.write("\n".join(out) + "\n")
+        best = max(hit["policies"].items(), key=lambda kv: kv[1][0])
+        say(f"target (issue 22) with lookahead: >= {floor}x Belady at {100 * share:g}% on Zipf {zipf}: "
+            + ", ".join(f"{n} {h / hit['belady']:.3f}x" for n, (h, _) in hit["policies"].items())
+            + f"; best {best[0]}: {'met' if best[1][0] / hit['belady'] >= floor else 'NOT met'} (a refresh from "
+            "the next batches prefetches rows before they are looked up, which Belady's bound on caches that take a "
+            "row in on a miss does not cover: compare the rows taken in)")
+    out_path = args.out or (None if args.simulate_only else os.path.join(HERE, "hot_tier.txt"))
+    if out_path:
+        with open(out_path, "w") as f:
+            f.write("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":
