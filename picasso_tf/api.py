@@ -95,9 +95,9 @@ class PicassoInfo:
             storage.write_back()
 
     def release(self):
-        """Frees the row-sharded tables' originals gathered by write_back (each rank's
-        shards hold the rows); nothing to do elsewhere."""
-        for storage in self._row_sharded():
+        """Frees the originals' copy of the rows that write_back gathered, where the
+        storage holds them itself (each rank's shards of row-sharded tables)."""
+        for storage in self.storages.values():
             storage.release()
 
     def _row_sharded(self):
@@ -347,6 +347,10 @@ class PicassoModel(tf.keras.Model):
         children = dict(self.original._trackable_children(save_type, **kwargs))
         if self.optimizer is not None:
             children["optimizer"] = self.optimizer
+        # State of the storage beyond the rows (a hash table's counts and hot set), under
+        # names of its own: the plain model ignores them when it restores.
+        for storage in self.picasso.storages.values():
+            children.update(storage.checkpoint_children())
         return children
 
     def get_config(self):

@@ -201,13 +201,6 @@ def assert_same_state(a, b):
             np.testing.assert_array_equal(x, y, err_msg=name)
 
 
-# PicassoModel._trackable_children (picasso_tf/api.py) must list each storage's
-# checkpoint_children beside the plain model's objects for these to pass.
-NEEDS_CHECKPOINT_CHILDREN = pytest.mark.xfail(
-    strict=True, reason="api.py's PicassoModel._trackable_children does not yet add storage.checkpoint_children()")
-
-
-@NEEDS_CHECKPOINT_CHILDREN
 @pytest.mark.parametrize("how", ["save_weights", "tf.train.Checkpoint"])
 def test_checkpoints_carry_the_counts_and_the_hot_set(tmp_path, how):
     """Saved between refreshes (after steps 5 and 12), a hash-backed model restores into
