@@ -239,6 +239,7 @@ def _vectorize(graph, units, kept):
         node.input.extend(_inside_name(t, prefix, template) for t in op.inputs)
         node.input.extend("^" + c.name[len(prefix):] for c in op.control_inputs)
 
+    @tf.autograph.experimental.do_not_convert   # pfor would convert it; it has no Python control flow
     def one_unit(k):
         input_map = {f"picasso_in_{p}": shared[p] if p in shared else tf.gather(stacked[p], k)
                      for p in range(len(template.inputs))}
