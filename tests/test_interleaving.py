@@ -19,13 +19,14 @@ BATCH = 30
 FIELDS = [("u", 40, 8), ("i", 60, 8), ("c", 20, 16)]
 
 
-def build(batch_norm=False, bias=False):
+def build(batch_norm=False, bias=False, regularizer="l2"):
     """Three embeddings concatenated into an MLP; with `bias`, a per-user bias embedding
-    added to the logit, concatenated with nothing."""
+    added to the logit, concatenated with nothing. The regularizer reads the tables
+    beside the lookups, so their gradient kernels cannot update them in place."""
     tf.keras.utils.set_random_seed(3)
     x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
     x["price"] = tf.keras.Input((1,), name="price")
-    parts = [tf.keras.layers.Embedding(v, d, name=f"emb_{n}", embeddings_regularizer="l2")(x[n])
+    parts = [tf.keras.layers.Embedding(v, d, name=f"emb_{n}", embeddings_regularizer=regularizer)(x[n])
              for n, v, d in FIELDS]
     h = tf.keras.layers.Concatenate()(parts + [x["price"]])
     if batch_norm:
@@ -43,8 +44,8 @@ def batches(steps, rows=BATCH, seed=0):
              (rng.random(rows) < 0.4).astype("float32")) for _ in range(steps)]
 
 
-def train(k, optimizer, data, **options):
-    model = picasso.optimize(build(), micro_batches=k, **options)
+def train(k, optimizer, data, regularizer="l2", **options):
+    model = picasso.optimize(build(regularizer=regularizer), micro_batches=k, **options)
     model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy", metrics=["AUC"])
     losses = [model.train_on_batch(x, y, return_dict=True) for x, y in data]
     return [r["loss"] for r in losses], [r["auc"] for r in losses], [w.numpy() for w in model.weights]
@@ -82,13 +83,50 @@ def _step_graph(model):
     return tf.function(model.train_step).get_concrete_function(specs).graph
 
 
-@pytest.mark.parametrize("start, runs", [("embedding", 3), ("mlp", 1)])
-def test_micro_batches_from_the_mlp_look_up_once(start, runs):
+def _op_counts(model, types):
+    ops = [op.type for op in _step_graph(model).get_operations() if not op.name.startswith("picasso_whole_batch/")]
+    return {t: ops.count(t) for t in types}
+
+
+@pytest.mark.parametrize("start, copies", [("embedding", 3), ("mlp", 1)])
+def test_fused_lookups_are_differentiated_once_per_step(start, copies):
+    """From the MLP the fused lookups run once on the whole batch; from the embedding
+    each micro-batch runs its own copy of them. Either way their backward runs once
+    (from the embedding, on the copies' inputs joined, whose whole-batch lookup is
+    never run)."""
     model = picasso.optimize(build(), micro_batches=3, interleave_from=start, stitching=False)
     model.compile(optimizer="adagrad", loss="binary_crossentropy")
-    ops = [op.type for op in _step_graph(model).get_operations()]
     fused = len(model.picasso.program.lookups["training"])
-    assert ops.count("PicassoPackedLookup") == ops.count("PicassoPackedLookupGrad") == fused * runs
+    counts = _op_counts(model, ["PicassoPackedLookup", "PicassoPackedLookupGrad"])
+    assert counts == {"PicassoPackedLookup": fused * copies, "PicassoPackedLookupGrad": fused}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("stitching", [True, False])      # a projection / packed lookups into a concat
+def test_micro_batches_from_the_embedding_update_tables_as_the_whole_batch_does(optimizer, stitching):
+    """From the embedding, the step's table updates are those of the whole batch's
+    step: one gradient kernel per fused lookup whatever K, updating its tables in place
+    where K=1's does (config.apply_in_gradient), the same separate row-sparse updates
+    otherwise, and no table's row gradients summed across micro-batches (no Unique or
+    UnsortedSegmentSum); and it trains like the whole batch."""
+    kernels = ["PicassoStitchedProjection", "PicassoStitchedProjectionGrad", "PicassoStitchedProjectionGradApply",
+               "PicassoPackedLookupGrad", "PicassoSparseApplySgd", "PicassoSparseApplyAdagrad", "Unique",
+               "UnsortedSegmentSum"]
+    counts = {}
+    for k in (1, 3):
+        model = picasso.optimize(build(regularizer=None), micro_batches=k, stitching=stitching)
+        model.compile(optimizer=optimizer, loss="binary_crossentropy")
+        counts[k] = _op_counts(model, kernels)
+    assert counts[1]["PicassoStitchedProjectionGradApply" if stitching else "PicassoSparseApplyAdagrad" if
+                     optimizer == "adagrad" else "PicassoSparseApplySgd"] > 0, counts[1]
+    assert counts[3] == dict(counts[1], PicassoStitchedProjection=3 * counts[1]["PicassoStitchedProjection"])
+    data = batches(3)
+    whole_losses, _, whole_weights = train(1, optimizer, data, regularizer=None, stitching=stitching)
+    for k in (2, 7):
+        losses, _, weights = train(k, optimizer, data, regularizer=None, stitching=stitching)
+        np.testing.assert_allclose(losses, whole_losses, rtol=1e-5, err_msg=f"k={k}")
+        for a, b in zip(weights, whole_weights):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"k={k}")
 
 
 def build_sequence():

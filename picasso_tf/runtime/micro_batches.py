@@ -3,8 +3,9 @@
 The batch is split along its first axis into K micro-batches whose sizes differ by at
 most one (a batch smaller than K leaves some empty). Each runs the rewritten forward
 pass and its own backward; TrainingStep.accumulate sums the K gradients (row-sparse
-ones per id) and they are applied once. Each micro-batch's mean loss is weighted by its
-share of the batch, so the step equals the whole batch's up to summation order.
+ones per id, for lookups left unfused) and they are applied once. Each micro-batch's
+mean loss is weighted by its share of the batch, so the step equals the whole batch's
+up to summation order.
 
 Micro-batch i+1's inputs wait for micro-batch i's loss and micro-batch i-1's
 gradients: the micro-batches run one after another, each one's lookups and forward
@@ -12,11 +13,15 @@ free to overlap the previous one's backward (TensorFlow's inter-op threads sched
 them), and at most two micro-batches' activations are alive at once instead of the
 whole batch's (benchmarks/micro_batch_memory.py measures the peak).
 
-From the embedding layer (Fig. 8b, the default) each micro-batch runs the whole
-model, its lookups included. From the MLP (Fig. 8a, EmbeddingCut) the fused lookups
-and the pooling of their outputs run once on the whole batch and the micro-batches
-share the pooled embeddings: the lookups' backward runs once and the tables' row
-gradients need no summing across micro-batches.
+From the embedding layer (Fig. 8b, the default; LookupCopies) each micro-batch runs
+the whole model, its own copy of the fused lookups included, and its backward stops
+at their outputs. From the MLP (Fig. 8a, EmbeddingCut) the fused lookups and the
+pooling of their outputs run once on the whole batch and the micro-batches share the
+pooled embeddings. Either way the fused lookups' backward runs once per step, from
+their outputs' gradients gathered from the micro-batches: a table's row gradients
+need no summing across micro-batches, and a gradient kernel may update its tables in
+place as in a step without micro-batches. The price is the whole batch of those
+gradients, held until the last micro-batch's backward.
 """
 import copy
 
@@ -26,69 +31,98 @@ from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.cut import cut_tensors, dense_part, embedding_part
 from picasso_tf.graph.graph_def_util import split_tensor_name
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
+from picasso_tf.runtime.step import GatheredLookupUpdates
 
 # Keras losses whose value is a mean over the batch's elements: a micro-batch's mean,
 # weighted by its share of the batch, sums to the batch's.
 MEAN_REDUCTIONS = ("auto", "sum_over_batch_size")
+# The fused lookups' op types (picasso_tf.ops), whose inputs whole_batch_lookup joins.
+LOOKUP_OPS = ("PicassoPackedLookup", "PicassoStitchedLookup", "PicassoStitchedProjection")
 
 
 def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None):
     """Trains one step of `step` (a TrainingStep) over k micro-batches of `data`
     ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight, forward=None) gives a
     micro-batch's (predictions, mean loss), from the model's forward pass or, given a
-    `forward`, from that one. With an EmbeddingCut (interleave_from="mlp") the fused
-    lookups run once on the whole batch and only the rest per micro-batch. Returns the
-    whole batch's predictions."""
+    `forward`, from that one. `cut` (embedding_cut's): with an EmbeddingCut
+    (interleave_from="mlp") the fused lookups run once on the whole batch and only the
+    rest per micro-batch; with LookupCopies each micro-batch runs its own copy of them,
+    and their backward runs once. Returns the whole batch's predictions."""
     parts, shares, bounds = split_batch(data, k)
-    embeddings = cut.embed(data[0]) if cut is not None else []
+    mlp = isinstance(cut, EmbeddingCut)
+    embeddings = cut.embed(data[0]) if mlp else []
     sizes = tf.stack([e - b for b, e in bounds])
     cut_parts = [_parts(e, bounds, sizes) for e in embeddings]
-    gradients, predictions, losses, embedding_grads = [], [], [], []
+    gradients, done, predictions, losses, gathered_grads, copies = [], [], [], [], [], []
+    graph = tf.compat.v1.get_default_graph()
     for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
-        ready = losses[-1:] + (_computed(gradients[-2]) if i >= 2 else [])
+        ready = losses[-1:] + (done[-2] if i >= 2 else [])
         rows = [parts[i] for parts in cut_parts]
         with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
             x = tf.nest.map_structure(_identity, x)
             # Stopped past the split: the split's gradient (a whole batch of zeros but
             # the micro-batch's rows) is not built only to be dropped.
             rows = [tf.stop_gradient(r) for r in rows]
-        y_pred, loss = forward_and_loss(x, y, sample_weight, forward=cut.dense(rows) if cut is not None else None)
+        first = len(graph.get_operations())
+        y_pred, loss = forward_and_loss(x, y, sample_weight, forward=cut.dense(rows) if mlp else None)
         _refuse_masked(y_pred, k)
+        if isinstance(cut, LookupCopies):
+            copies.append(cut.find(graph.get_operations()[first:]))
+            rows = [t for op in copies[-1] for t in op.outputs]
         grads, rows_grads = _backward(step, loss * tf.cast(share, loss.dtype), optimizer.iterations, rows)
         gradients.append(grads)
-        embedding_grads.append(rows_grads)
+        done.append(_computed(grads) + rows_grads)
+        gathered_grads.append(rows_grads)
         predictions.append(y_pred)
         losses.append(loss)
-    if cut is not None:
-        gradients.append(_embedding_backward(step, optimizer, embeddings, embedding_grads))
+    if mlp:
+        gathered = [tf.concat(list(parts), 0) for parts in zip(*gathered_grads)]
+        gradients.append(_gathered_backward(step, optimizer.iterations, embeddings, gathered,
+                                            step.in_gradient_updates(optimizer.iterations)))
+    elif any(copies):
+        gradients.append(_lookups_backward(step, optimizer.iterations, copies, gathered_grads))
     step.apply(optimizer, step.exchange(step.accumulate(gradients)))
     return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
 
 
 def _backward(step, loss, iteration, tensors):
     """(step.backward(loss), the gradients of loss with respect to `tensors`, zeros
-    where it has none), from one tf.gradients call."""
+    where it has none), from one tf.gradients call that stops at `tensors`."""
     if not tensors:
         return step.backward(loss, iteration), []
     extended = copy.copy(step)
     extended.trainable = step.trainable + list(tensors)
-    grads = extended.backward(loss, iteration)
+    grads = extended.backward(loss, iteration, stop=tensors)
     of = {id(t): g for g, t in grads.dense if any(t is x for x in tensors)}
     grads.dense = [(g, t) for g, t in grads.dense if id(t) not in of]
     return grads, [tf.convert_to_tensor(of[id(t)]) if id(t) in of else tf.zeros_like(t) for t in tensors]
 
 
-def _embedding_backward(step, optimizer, embeddings, micro_batch_grads):
-    """The embedding part's backward, once over the whole batch, from the cut tensors'
-    gradients gathered from the micro-batches: each cut tensor enters the loss through
-    a term whose gradient is the gathered one, so the lookups' backward takes it as
-    their outputs' gradient. With the lookups read once in the step, their gradient
-    kernels may update the tables (config.apply_in_gradient), as in a step without
-    micro-batches."""
-    terms = [_with_gradient(e, tf.concat(list(grads), 0))
-             for e, *grads in zip(embeddings, *micro_batch_grads) if e.dtype.is_floating]
-    one_stage = step.fused is not None and step.fused.in_gradient
-    return step.backward(tf.add_n(terms), optimizer.iterations, fuse_apply=one_stage)
+def _lookups_backward(step, iteration, copies, micro_batch_grads):
+    """From the embedding layer: the fused lookups' backward once over the whole batch.
+    Per fused lookup, an op of its kind on the joined inputs of its micro-batch copies
+    (whole_batch_lookup) takes their outputs' gathered gradients: its gradient kernel
+    sums each table's rows over the whole batch, as without micro-batches, so no table
+    gradient is summed across micro-batches, and the kernel may update its tables in
+    place (config.apply_in_gradient) once every copy has read them."""
+    per_lookup = list(zip(*copies))
+    wholes = [whole_batch_lookup(ops) for ops in per_lookup]
+    # The kernels' in-place updates follow every copy's read of the tables.
+    with tf.control_dependencies([op for ops in per_lookup for op in ops]):
+        gathered = [tf.concat(list(parts), 0) for parts in zip(*micro_batch_grads)]
+    in_gradient = step.in_gradient_updates(iteration, GatheredLookupUpdates,
+                                           readers=[ops + (whole,) for ops, whole in zip(per_lookup, wholes)])
+    return _gathered_backward(step, iteration, [t for whole in wholes for t in whole.outputs], gathered, in_gradient)
+
+
+def _gathered_backward(step, iteration, tensors, gathered, in_gradient):
+    """step.backward from the whole batch's `tensors` (the cut's, or the whole-batch
+    lookups' outputs) with their `gathered` gradients: each tensor enters the loss
+    through a term whose gradient is the gathered one, so the ops computing it take that
+    as their outputs' gradient. A whole-batch lookup's forward never runs: nothing reads
+    its outputs' values."""
+    terms = [_with_gradient(t, g) for t, g in zip(tensors, gathered) if t.dtype.is_floating]
+    return step.backward(tf.add_n(terms), iteration, in_gradient)
 
 
 def _with_gradient(tensor, gradient):
@@ -100,6 +134,92 @@ def _with_gradient(tensor, gradient):
     def term(t):
         return tf.zeros([], t.dtype), lambda upstream: gradient
     return term(tensor)
+
+
+def whole_batch_lookup(ops):
+    """An op of the type and attributes of `ops` (one fused lookup's copies in the
+    micro-batches, picasso_tf.ops) on their inputs joined: per site the ids, weights
+    and dense inputs concatenated, segment ids shifted past the previous copies'
+    segments, their counts summed; the tables and a projection's kernel the first
+    copy's. Its outputs are the copies' concatenated, and its gradient the sum of
+    theirs."""
+    args = [_inputs_by_arg(op) for op in ops]
+    first = args[0]
+    joined = {}
+    for name in first:
+        if name in ("tables", "kernel"):
+            joined[name] = first[name]
+        elif name in ("ids", "weights", "dense"):
+            joined[name] = [tf.concat(list(site), 0) for site in zip(*(a[name] for a in args))]
+        elif name == "num_segments":
+            joined[name] = [tf.add_n(list(site)) for site in zip(*(a[name] for a in args))]
+        elif name == "segment_ids":
+            joined[name] = []
+            for site, counts in zip(zip(*(a[name] for a in args)), zip(*(a["num_segments"] for a in args))):
+                shifts = tf.cumsum(tf.stack(counts), exclusive=True)
+                joined[name].append(tf.concat([s + shifts[c] for c, s in enumerate(site)], 0))
+        else:
+            raise AssertionError(f"picasso_tf: micro-batches do not know how to join the input {name!r} of "
+                                 f"{ops[0].type}; please report this model")
+    attrs = {key: value for key, value in ops[0].node_def.attr.items()}
+    return tf.compat.v1.get_default_graph().create_op(
+        ops[0].type, [t for name in first for t in joined[name]], [t.dtype for t in ops[0].outputs],
+        name="picasso_whole_batch/" + ops[0].name.rsplit("/", 1)[-1], attrs=attrs)
+
+
+def _inputs_by_arg(op):
+    """{input argument name: its tensors} of `op`, in its op definition's order."""
+    flat, args = list(op.inputs), {}
+    for arg in op.op_def.input_arg:
+        count = (op.get_attr(arg.number_attr) if arg.number_attr
+                 else len(op.get_attr(arg.type_list_attr)) if arg.type_list_attr else 1)
+        args[arg.name], flat = flat[:count], flat[count:]
+    return args
+
+
+class LookupCopies:
+    """interleave_from="embedding" (paper Fig. 8b): each micro-batch runs the whole
+    rewritten forward pass, its own copy of the fused lookups named in `lookup_nodes`
+    included; run_micro_batches stops each micro-batch's backward at the outputs of the
+    copies find() gives and runs those lookups' backward once (_lookups_backward)."""
+
+    def __init__(self, lookup_nodes):
+        self.nodes = list(lookup_nodes)
+        self.gathered = None
+
+    def find(self, operations):
+        """The copies among `operations` (one micro-batch's import of the forward pass)
+        of the fused lookups whose backward is gathered, in the order of lookup_nodes."""
+        by_node = {node: [op for op in operations if op.type in LOOKUP_OPS and op.name.endswith("/" + node)]
+                   for node in self.nodes}
+        missing = [node for node, found in by_node.items() if len(found) != 1]
+        if missing:
+            raise AssertionError(f"picasso_tf: a micro-batch's forward pass has not one copy of the fused "
+                                 f"lookups {missing}; please report this model")
+        copies = {node: found[0] for node, found in by_node.items()}
+        if self.gathered is None:
+            self.gathered = [node for node, op in copies.items()
+                             if not _reads_lookups(op, set(copies.values()) - {op}, set(operations))]
+        return tuple(copies[node] for node in self.gathered)
+
+
+def _reads_lookups(op, lookups, within):
+    """Whether a differentiable input of `op` other than its tables is computed, among
+    the ops `within`, from one of `lookups` (a pooled sequence stitched beside other
+    embeddings). Such an op's backward stays in each micro-batch: gathered, its input
+    gradient would reach the other lookups' copies past their gathered gradients."""
+    args = _inputs_by_arg(op)
+    todo = [t.op for name, tensors in args.items() if name != "tables" for t in tensors if t.dtype.is_floating]
+    seen = set()
+    while todo:
+        source = todo.pop()
+        if source in lookups:
+            return True
+        if source.name in seen or source not in within:
+            continue
+        seen.add(source.name)
+        todo.extend(t.op for t in source.inputs)
+    return False
 
 
 class EmbeddingCut:
@@ -138,10 +258,13 @@ class EmbeddingCut:
 
 
 def embedding_cut(forward, program, config):
-    """The EmbeddingCut of interleave_from="mlp", else None (also with no fused lookups:
-    then every lookup is part of the micro-batches, as interleave_from="embedding")."""
+    """Where run_micro_batches splits the fused lookups off: the EmbeddingCut of
+    interleave_from="mlp", LookupCopies from the embedding; None with no fused lookups
+    (every lookup then runs and differentiates in each micro-batch)."""
     nodes = [r.node for r in program.lookups.get("training", [])]
-    return EmbeddingCut(forward, nodes) if config.interleave_from == "mlp" and nodes else None
+    if not nodes:
+        return None
+    return EmbeddingCut(forward, nodes) if config.interleave_from == "mlp" else LookupCopies(nodes)
 
 
 def _present(graph_def, captures):

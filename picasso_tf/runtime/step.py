@@ -16,9 +16,10 @@ The step's stages, in order (ARCHITECTURE.md §2):
   apply       fused row-sparse updates on the storage (a hash storage's fetched rows by
               its own ops), the Keras optimizer for the rest
 
-When nothing stands between backward and apply (one micro-batch, one process) the
-step may fuse them: the stitched lookups' and projections' gradient kernels then
-update their tables in place (config.apply_in_gradient).
+When nothing stands between backward and apply (one process) the step may fuse
+them: the stitched lookups' and projections' gradient kernels then update their
+tables in place (config.apply_in_gradient). With micro-batches those kernels run once
+per step too, on the micro-batches' gathered gradients (GatheredLookupUpdates).
 """
 import dataclasses
 from typing import List
@@ -30,7 +31,7 @@ from picasso_tf.graph.graph_def_util import split_off
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
 from picasso_tf.ops.in_gradient import update_tables_in_gradient
 from picasso_tf.program import ExchangedIds, FetchedRows, StorageRef
-from picasso_tf.runtime.fused_update import InGradientUpdates
+from picasso_tf.runtime.fused_update import InGradientUpdates, _captured_from
 
 
 class RewrittenForward:
@@ -95,6 +96,49 @@ class RewrittenForward:
         return captured + ([v for s in self.fetch.storages for v in s.variables()] if self.fetch else [])
 
 
+class GatheredLookupUpdates(InGradientUpdates):
+    """InGradientUpdates for the gradient kernels of fused lookups over the whole batch,
+    each built from the inputs of the micro-batches' copies of one lookup (runtime/
+    micro_batches.py). `readers`: per lookup, its copies and its whole-batch op. A
+    kernel may update a table that only the copies of its own lookup read (and its
+    whole-batch op, never run): the copies run before it, as in a step without
+    micro-batches the lookup runs before its gradient."""
+
+    def __init__(self, fused, iteration, readers):
+        super().__init__(fused, iteration)
+        self.lookup_of = {op.name: i for i, ops in enumerate(readers) for op in ops}
+
+    def for_tables(self, tables):
+        variables = [self._variable(t) for t in tables]
+        if any(v is None for v in variables):
+            return None
+        # As InGradientUpdates: the kernel's update of a row needs only that row's gradient.
+        decays = {self.fused.decay[v.ref()] for v in variables}
+        if len(decays) > 1 or not self.fused.optimizer.changes_only_gradient_rows(decays.pop()):
+            return None
+        return list(zip(variables, self.fused.updates(variables, self.iteration)))
+
+    def _variable(self, value):
+        """The fused table variable read as `value` whose every read feeds the copies of
+        one lookup only, else None."""
+        if value.op.type not in READS:
+            return None
+        handle = value.op.inputs[value.value_index]
+        lookups = set()
+        for read in handle.consumers():
+            if read.type not in READS:
+                return None
+            lookups |= {self.lookup_of.get(use.name) for i, h in enumerate(read.inputs) if h is handle
+                        for use in read.outputs[i].consumers()}
+        if len(lookups) != 1 or None in lookups:
+            return None
+        outside = _captured_from(handle)
+        return next((ref.deref() for ref in self.fused.tables if ref.deref().handle is outside), None)
+
+
+READS = ("ReadVariableOp", "PicassoReadTables")   # a variable's value: output i reads input i
+
+
 @dataclasses.dataclass
 class Gradients:
     """One step's gradients: the storages' (for the fused update), the rest (for the
@@ -129,18 +173,26 @@ class TrainingStep:
 
     def run(self, optimizer, loss):
         """Adds the step's updates; returns the tables updated inside their gradient kernels."""
-        # Across ranks, a gradient must be summed before it is applied.
-        one_stage = self.fused is not None and self.fused.in_gradient and not self.world.distributed
-        gradients = self.backward(loss, optimizer.iterations, fuse_apply=one_stage)
+        gradients = self.backward(loss, optimizer.iterations, self.in_gradient_updates(optimizer.iterations))
         gradients = self.exchange(self.accumulate([gradients]))
         self.apply(optimizer, gradients)
         return gradients.updated_in_gradient
 
-    def backward(self, loss, iteration, fuse_apply=False):
-        in_gradient = InGradientUpdates(self.fused, iteration) if fuse_apply else None
+    def in_gradient_updates(self, iteration, kind=InGradientUpdates, **options):
+        """A `kind` of InGradientUpdates for backward, or None where the gradient kernels
+        may not update their tables: no fused updates, apply_in_gradient=False, or across
+        ranks (a gradient must be summed there before it is applied)."""
+        if self.fused is None or not self.fused.in_gradient or self.world.distributed:
+            return None
+        return kind(self.fused, iteration, **options)
+
+    def backward(self, loss, iteration, in_gradient=None, stop=()):
+        """The Gradients of loss; inside in_gradient (an InGradientUpdates) the gradient
+        kernels may update their tables; `stop`: tensors the gradient stops at (as
+        tf.gradients' stop_gradients)."""
         fetched = self.fetched_rows()
         with update_tables_in_gradient(in_gradient):
-            grads = tf.gradients(loss, self.trainable + [rows for _, _, rows in fetched])
+            grads = tf.gradients(loss, self.trainable + [rows for _, _, rows in fetched], stop_gradients=list(stop))
         grads, fetched_grads = grads[:len(self.trainable)], grads[len(self.trainable):]
         pairs = []
         for var, grad in zip(self.trainable, grads):
