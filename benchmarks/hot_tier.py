@@ -5,7 +5,7 @@ then lookahead refresh (Bagpipe's idea) beside refresh from past counts.
     .venv/bin/python benchmarks/hot_tier.py [--zipf 1.05 1.2 1.5] [--shares 0.01 0.05 0.2]
         [--vocab 100000] [--batch 256] [--ids-per-example 16] [--steps 500] [--warmup 100]
         [--refresh 100] [--rounds 15] [--timed-steps 20] [--lookahead 100:100 10:10 10:100 1:1]
-        [--simulate-only]
+        [--fit-lookahead 10:10 100:100] [--fit-rounds 3] [--simulate-only | --fit-only]
 
 One Keras model (an embedding table of --vocab rows, dim 16, looked up by --ids-per-example
 ids per example, averaged, and a sigmoid unit; Adagrad) trains through
@@ -31,6 +31,14 @@ refreshes move from the cold tier. LRU and Belady's MIN take a row in on every m
 admit, so a lookahead refreshed every step can pass Belady's hit ratio (it prefetches)
 at about LRU's traffic. --simulate-only prints this table alone (no model, no timing)
 and writes no file unless --out names one.
+
+The third table runs those refreshes through fit on the real storage: Algorithm 1
+(hot_refresh="counts", refreshed inside the step) and hot_refresh="lookahead" for each
+--fit-lookahead R:K (fit reads the dataset K batches ahead and refreshes between steps),
+beside hybrid_hash=False: samples/s of fitting the stream after the warm-up batches
+(--fit-rounds interleaved rounds, a fresh model each), and the hit ratio from the
+storage's counters beside the NumPy simulation's of the same refreshes. --fit-only prints
+it alone and writes no file unless --out names one.
 """
 import argparse
 import dataclasses
@@ -158,6 +166,102 @@ def timed_table(sizes, args, say):
         "repeat, so their ids gain counts); samples/s with no GPU: the hot tier is a CPU array, both tiers in DRAM")
 
 
+def simulation_table(sizes, args, schedules, say):
+    """The NumPy table of refresh policies, and the issue's target with lookahead."""
+    say()
+    say(f"Lookahead refresh (Bagpipe) beside refresh from past counts, NumPy on the same streams: the hot set "
+        f"refreshed before step {args.warmup} and every R steps after, from past counts ('past R', R={args.refresh} "
+        "is Algorithm 1) or from the ids of the next K batches ('ahead R K'); rows taken in = rows the refreshes "
+        "move into the tier (LRU takes in every miss, Belady at most every miss: their misses are shown)")
+    ahead = []
+    for exponent in args.zipf:
+        ahead += lookahead_table(sizes, exponent, args.shares, schedules, say)
+    zipf, share, floor = TARGET
+    hit = next((r for r in ahead if r["zipf"] == zipf and r["share"] == share), None)
+    if hit:
+        best = max(hit["policies"].items(), key=lambda kv: kv[1][0])
+        say(f"target (issue 22) with lookahead: >= {floor}x Belady at {100 * share:g}% on Zipf {zipf}: "
+            + ", ".join(f"{n} {h / hit['belady']:.3f}x" for n, (h, _) in hit["policies"].items())
+            + f"; best {best[0]}: {'met' if best[1][0] / hit['belady'] >= floor else 'NOT met'} (a refresh from "
+            "the next batches prefetches rows before they are looked up, which Belady's bound on caches that take a "
+            "row in on a miss does not cover: compare the rows taken in)")
+
+
+def refreshes(parser, option, given):
+    """[(R, K)] of an option's R:K values (exits with an error naming the option if one is not)."""
+    try:
+        schedules = [tuple(int(v) for v in r_k.split(":")) for r_k in given]
+    except ValueError:
+        schedules = []
+    if not schedules or any(len(rk) != 2 or min(rk) < 1 for rk in schedules):
+        parser.error(f"{option} {' '.join(given)}: give each refresh as R:K, both at least 1 (e.g. 10:10)")
+    return schedules
+
+
+def fit_table(sizes, args, schedules, say):
+    """Through fit on the real storage: samples/s and hit ratio of Algorithm 1 (counts,
+    refreshed in the step) and of lookahead refresh (hot_refresh="lookahead": fit reads the
+    dataset ahead and refreshes between steps) on the stream, beside hybrid_hash=False."""
+    import statistics
+    import time
+    import numpy as np
+    import tensorflow as tf
+    import picasso_tf
+    from picasso_tf.tools.benchmarking import sections
+    first, row_bytes = sizes.hot_warmup, 2 * sizes.hot_dim * 4 + 16
+    for exponent in args.zipf:
+        stream = sections.zipf_stream(sizes.hot_steps + sizes.batches, sizes.hot_batch, sizes.hot_ids_per_example,
+                                      sizes.hot_vocab, exponent, sizes.seed)[:sizes.hot_steps]
+        labels = (np.random.default_rng(sizes.seed).random(stream.shape[:2]) < 0.5).astype("float32")
+        data = tf.data.Dataset.from_tensor_slices(({"ids": stream}, labels))
+        distinct = [np.unique(b) for b in stream]
+        looked_up = sum(ids.size for ids in distinct[first:])
+        base = sections._hot_tier_model(sizes)
+        for share in args.shares:
+            capacity = max(1, round(share * int(np.unique(stream).size)))
+            hot = {"hybrid_hash": True, "hot_storage_bytes": capacity * row_bytes}
+            variants = {"hybrid_hash=False": ({}, None),
+                        f"past R={sizes.hot_refresh}": (dict(hot, hot_warmup_steps=first,
+                                                             hot_refresh_every=sizes.hot_refresh),
+                                                        (sizes.hot_refresh, 0))}
+            for every, ahead in schedules:
+                variants[f"ahead R={every} K={ahead}"] = (dict(hot, hot_refresh="lookahead", hot_refresh_every=every,
+                                                               hot_lookahead_batches=ahead), (every, ahead))
+            speeds, ratios = {name: [] for name in variants}, {name: set() for name in variants}
+            for r in range(args.fit_rounds):
+                names = list(variants)
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    options, _ = variants[name]
+                    copy = sections._hot_tier_model(sizes)
+                    copy.set_weights(base.get_weights())
+                    model = sections._compile(picasso_tf.optimize(copy, **options), "adagrad")
+                    model.fit(data.take(first), verbose=0)      # traces the step; Algorithm 1's warm-up
+                    before = sections._hot_counters(model) if options else None
+                    start = time.perf_counter()
+                    model.fit(data.skip(first), verbose=0)
+                    speeds[name].append((sizes.hot_steps - first) * sizes.hot_batch / (time.perf_counter() - start))
+                    if before:
+                        hits, lookups = (b - a for a, b in zip(before, sections._hot_counters(model)))
+                        ratios[name].add(hits / lookups)
+                    sections.cleanup()
+            say(f"Zipf {exponent}, hot tier {capacity:,} rows ({100 * share:g}%): load average {os.getloadavg()[0]:.1f}")
+            say(f"{'model':<22} {'hit ratio':>9} {'NumPy':>7} {'x Belady':>8} {'samples/s':>26} {'/ past':>7}")
+            belady = sections.belady_hits(distinct, sizes.hot_vocab, capacity)[first:].sum() / looked_up
+            past = statistics.median(speeds[f"past R={sizes.hot_refresh}"])
+            for name, (options, schedule) in variants.items():
+                if len(ratios[name]) > 1:
+                    raise AssertionError(f"{name}: the hit ratio differs between rounds: {sorted(ratios[name])}")
+                cells = ["–", "–", "–"]
+                if schedule is not None:
+                    simulated = refreshed_hits(distinct, sizes.hot_vocab, capacity, first, *schedule)[0]
+                    ratio, = ratios[name]
+                    cells = [f"{100 * ratio:.1f}%", f"{100 * simulated[first:].sum() / looked_up:.1f}%",
+                             f"{ratio / belady:.3f}x"]
+                speed = speeds[name]
+                say(f"{name:<22} {cells[0]:>9} {cells[1]:>7} {cells[2]:>8} {statistics.median(speed):>11,.0f} "
+                    f"({min(speed):,.0f}-{max(speed):,.0f}) {statistics.median(speed) / past:>6.2f}x")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--zipf", type=float, nargs="+", default=[1.05, 1.2, 1.5])
@@ -173,16 +277,17 @@ def main(argv=None):
     p.add_argument("--timed-steps", type=int, default=20)
     p.add_argument("--lookahead", nargs="+", default=["100:100", "10:10", "10:100", "1:1"], metavar="R:K",
                    help="lookahead refreshes: every R steps from the next K batches (past counts every R beside)")
+    p.add_argument("--fit-lookahead", nargs="+", default=["10:10", "100:100"], metavar="R:K",
+                   help="lookahead refreshes fit makes through the real storage (hot_refresh='lookahead')")
+    p.add_argument("--fit-rounds", type=int, default=3)
+    p.add_argument("--fit-only", action="store_true",
+                   help="only the table of refreshes through fit (no file unless --out names one)")
     p.add_argument("--simulate-only", action="store_true",
                    help="only the NumPy table of refresh policies (no model, no timing)")
     p.add_argument("--out", help="default: benchmarks/hot_tier.txt; none with --simulate-only")
     args = p.parse_args(argv)
-    try:
-        schedules = [tuple(int(v) for v in r_k.split(":")) for r_k in args.lookahead]
-    except ValueError:
-        schedules = []
-    if not schedules or any(len(rk) != 2 or min(rk) < 1 for rk in schedules):
-        p.error(f"--lookahead {' '.join(args.lookahead)}: give each refresh as R:K, both at least 1 (e.g. 10:10)")
+    schedules, fit_schedules = (refreshes(p, option, given) for option, given in
+                                [("--lookahead", args.lookahead), ("--fit-lookahead", args.fit_lookahead)])
 
     import tensorflow as tf
     from picasso_tf.tools.benchmarking import sections
@@ -205,31 +310,25 @@ def main(argv=None):
         f"start); TensorFlow {tf.__version__}; commit {commit()}")
     say(f"stream: {args.steps} steps of {args.batch} x {args.ids_per_example} ids over {args.vocab:,}; one table of "
         f"dim {sizes.hot_dim}, Adagrad; warm-up {args.warmup} steps, hot set refreshed every {args.refresh}")
-    say(f"hit ratios over steps {args.warmup + 1}-{args.steps}; samples/s: median (min-max) over {args.rounds} "
-        f"interleaved rounds of {args.timed_steps} steps on {sizes.batches} more batches, repeated")
-    if not args.simulate_only:
+    if not (args.simulate_only or args.fit_only):
+        say(f"hit ratios over steps {args.warmup + 1}-{args.steps}; samples/s: median (min-max) over {args.rounds} "
+            f"interleaved rounds of {args.timed_steps} steps on {sizes.batches} more batches, repeated")
         say()
         say(f"{'zipf':<5} {'model':<18} {'hot rows (share)':>16} {'Alg. 1':>8} {'LRU':>7} {'Belady':>7} {'fixed':>7} "
             f"{'A1/Bel.':>8}  {'samples/s':>26} {'/ hybrid_hash=False':>19} {'timed hit':>8}")
         timed_table(sizes, args, say)
-    say()
-    say(f"Lookahead refresh (Bagpipe) beside refresh from past counts, NumPy on the same streams: the hot set "
-        f"refreshed before step {args.warmup} and every R steps after, from past counts ('past R', R={args.refresh} "
-        "is Algorithm 1) or from the ids of the next K batches ('ahead R K'); rows taken in = rows the refreshes "
-        "move into the tier (LRU takes in every miss, Belady at most every miss: their misses are shown)")
-    ahead = []
-    for exponent in args.zipf:
-        ahead += lookahead_table(sizes, exponent, args.shares, schedules, say)
-    zipf, share, floor = TARGET
-    hit = next((r for r in ahead if r["zipf"] == zipf and r["share"] == share), None)
-    if hit:
-        best = max(hit["policies"].items(), key=lambda kv: kv[1][0])
-        say(f"target (issue 22) with lookahead: >= {floor}x Belady at {100 * share:g}% on Zipf {zipf}: "
-            + ", ".join(f"{n} {h / hit['belady']:.3f}x" for n, (h, _) in hit["policies"].items())
-            + f"; best {best[0]}: {'met' if best[1][0] / hit['belady'] >= floor else 'NOT met'} (a refresh from "
-            "the next batches prefetches rows before they are looked up, which Belady's bound on caches that take a "
-            "row in on a miss does not cover: compare the rows taken in)")
-    out_path = args.out or (None if args.simulate_only else os.path.join(HERE, "hot_tier.txt"))
+    if not args.fit_only:
+        simulation_table(sizes, args, schedules, say)
+    if not args.simulate_only:
+        say()
+        say(f"Through fit on the real storage: Algorithm 1 ('past R={args.refresh}', refreshed in the step) and "
+            "hot_refresh='lookahead' ('ahead R K': fit reads the dataset K batches ahead and refreshes between steps, "
+            f"from step {args.warmup} on) on the stream, beside hybrid_hash=False: each model fitted on the first "
+            f"{args.warmup} batches, then timed fitting the other {args.steps - args.warmup} (samples/s: median "
+            f"(min-max) over {args.fit_rounds} interleaved rounds, fresh models; / past: against Algorithm 1's); "
+            "hit ratio from the storage's counters over those steps, 'NumPy' the simulation's of the same refreshes")
+        fit_table(sizes, args, fit_schedules, say)
+    out_path = args.out or (None if args.simulate_only or args.fit_only else os.path.join(HERE, "hot_tier.txt"))
     if out_path:
         with open(out_path, "w") as f:
             f.write("\n".join(out) + "\n")

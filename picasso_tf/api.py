@@ -19,6 +19,7 @@ of that format, and get_weights, export and the one-file formats gather the tabl
 """
 import contextlib
 import functools
+import inspect
 
 import tensorflow as tf
 
@@ -28,13 +29,15 @@ from picasso_tf.config import Config
 from picasso_tf.distributed.exchange import RowExchange
 from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
                                           take_same_number_of_batches)
-from picasso_tf.embedding.hybrid_hash import HashRowFetch, HybridHashTables
+from picasso_tf.embedding.hybrid_hash import HashRowFetch, HybridHashTables, LookedUpIds
+from picasso_tf.embedding.lookahead import LookaheadRefresh, PeekedDataset
 from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer
 from picasso_tf.embedding.sharded import RowShardedTables
 from picasso_tf.embedding.storage import make_storage
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.export import export_saved_model
 from picasso_tf.graph.capture import check_has_call, input_signature
+from picasso_tf.graph.rebuild import conform_inputs
 from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
 from picasso_tf.runtime.micro_batches import check_losses, embedding_cut, loss_refusal, run_micro_batches
@@ -196,6 +199,7 @@ class PicassoModel(tf.keras.Model):
         self._eager_calls = {}
         self._last_regularization = None
         self._step = None
+        self._looked_up_ids = None          # lookahead refresh: a batch's ids per hash-backed table, once made
         if getattr(original, "output_names", None):
             # Keras matches dict labels to outputs by these names.
             self.output_names = list(original.output_names)
@@ -210,6 +214,12 @@ class PicassoModel(tf.keras.Model):
     # -- rewriting -------------------------------------------------------------------
     def _rewrite(self, specs):
         world = self.picasso.world = current_world()
+        config = self.picasso.config
+        if world.distributed and config.hybrid_hash and config.hot_refresh == "lookahead":
+            raise UnsupportedModelError(
+                f"picasso_tf: hot_refresh='lookahead' refreshes the hot tier from the batches one process reads "
+                f"ahead; under Horovod ({world.size} ranks) each rank's hash table serves the others' lookups too. "
+                "Use hot_refresh='counts' (Algorithm 1), or train on one process")
         if world.distributed:
             with tf.init_scope():
                 # Replicas start equal, and shards are cut from rank 0's tables.
@@ -234,7 +244,7 @@ class PicassoModel(tf.keras.Model):
         self.picasso.table_variables = list({v.ref(): v for v in list(analysis.tables.values()) + storage_tables}.values())
         self._densely_read = [v for v in analysis.tables.values() if analysis.densely_read(v)] + [
             v for s in storages.values() if s.layout.densely_read for v in s.variables()]
-        self._step = None
+        self._step = self._looked_up_ids = None
 
     def _training_step(self):
         """Made at the first training step, once the optimizer is known."""
@@ -399,9 +409,50 @@ class PicassoModel(tf.keras.Model):
     # Under hybrid parallelism every rank must run the same number of steps: a rank that
     # stopped early would leave the others waiting in a collective. Given a step count
     # (the same on every rank), Keras stops there; else datasets are cut to the shortest.
+    # With hot_refresh="lookahead", Keras reads the dataset through a PeekedDataset and a
+    # callback refreshes the hot sets from the batches ahead (picasso_tf.embedding.lookahead).
     def fit(self, x=None, *args, **kwargs):
         self.picasso.release()
-        return super().fit(self._same_length_on_every_rank(x, kwargs.get("steps_per_epoch")), *args, **kwargs)
+        x = self._same_length_on_every_rank(x, kwargs.get("steps_per_epoch"))
+        config = self.picasso.config
+        if not (config.hybrid_hash and config.hot_refresh == "lookahead") or (
+                self._forward is not None and not self._hot_sets_to_choose()):
+            return super().fit(x, *args, **kwargs)
+        if not isinstance(x, tf.data.Dataset):
+            raise TypeError(f"picasso_tf: hot_refresh='lookahead' reads fit's input ahead as a tf.data.Dataset; got "
+                            f"{type(x).__name__}. Pass tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size) "
+                            "(shuffled as you need), or use hot_refresh='counts'")
+        fit = inspect.signature(tf.keras.Model.fit).bind(self, x, *args, **kwargs).arguments
+        del fit["self"]
+        if fit.get("class_weight"):
+            raise ValueError("picasso_tf: hot_refresh='lookahead' reads fit's dataset ahead of Keras, which would map "
+                             "class_weight over another dataset than the one read; give the weights as the "
+                             "dataset's third element (sample weights), or use hot_refresh='counts'")
+        peeked = PeekedDataset(x)
+        refresh = LookaheadRefresh(peeked, self._hot_sets_to_choose, self._ids_looked_up,
+                                   config.hot_refresh_every, config.lookahead_batches)
+        fit["x"], fit["callbacks"] = peeked.dataset, [refresh] + list(fit.get("callbacks") or [])
+        return super().fit(**fit)
+
+    def _hot_sets_to_choose(self):
+        return [s for s in self.picasso.storages.values()
+                if s.kind == HybridHashTables.kind and s.chooses_hot_set]
+
+    def _ids_looked_up(self, features):
+        """{table name: distinct ids its lookups read} of a batch's `features`, for the
+        hash-backed groups: the part of the rewritten training graph that computes the
+        ids (the model's hashing and offsets included), fetching no rows."""
+        if self._looked_up_ids is None:
+            self._ensure_rewritten(features)
+            training = self._forward[True]
+            looked_up = LookedUpIds(training.fetch.storages, self.picasso.config.check_ids)
+            forward = RewrittenForward(training.captured, self.picasso.storages, looked_up)
+
+            def ids(batch):
+                forward._fetched(conform_inputs(forward.captured.input_specs, batch))
+                return looked_up.ids
+            self._looked_up_ids = tf.function(ids, reduce_retracing=True, autograph=False)
+        return self._looked_up_ids(features)
 
     def evaluate(self, x=None, *args, **kwargs):
         self.picasso.release()

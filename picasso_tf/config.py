@@ -59,6 +59,18 @@ class Config:
       in proportion to their parameter volume (Eq. 1); 0: no hot tier.
     hot_warmup_steps, hot_refresh_every: the hot set is chosen from the lookup counts
       after the warm-up steps, and again every hot_refresh_every steps.
+    hot_refresh: how the hot set is chosen. "counts" (the default): Algorithm 1, from the
+      lookup counts, inside the training step. "lookahead" (Bagpipe's idea: the future
+      is known): `fit` reads its tf.data.Dataset a few batches ahead of Keras (which
+      sees the same batches in the same order) and, at the first step of each pass over
+      the dataset and every hot_refresh_every steps of it, makes the hot set the ids
+      looked up in most of the next hot_lookahead_batches batches of the pass, then
+      those of highest count, then the smaller id (HybridHashTables.refresh_ahead);
+      hot_warmup_steps does not apply. Only `fit` refreshes it (train_on_batch and
+      custom loops call refresh_ahead themselves); one process only (not under Horovod);
+      fit refuses input that is not a tf.data.Dataset.
+    hot_lookahead_batches: how many batches ahead a lookahead refresh reads; None (the
+      default): hot_refresh_every, the batches until the next refresh.
     replicate_tables_below: under Horovod with several ranks, a packed group with fewer
       bytes than this stays whole on every rank (its gradient joins the dense Allreduce)
       instead of being sharded. The exchange costs each step a fixed amount of CPU (three
@@ -131,6 +143,8 @@ class Config:
     hot_storage_bytes: int = 64 << 20
     hot_warmup_steps: int = 100
     hot_refresh_every: int = 100
+    hot_refresh: str = "counts"
+    hot_lookahead_batches: Optional[int] = None
     distribute: bool = True
     replicate_tables_below: int = 16 << 20
     interleaving: bool = True
@@ -166,6 +180,13 @@ class Config:
         if self.hot_warmup_steps < 0 or self.hot_refresh_every < 1:
             raise ValueError(f"hot_warmup_steps must be >= 0 and hot_refresh_every >= 1; got "
                              f"{self.hot_warmup_steps} and {self.hot_refresh_every}")
+        if self.hot_refresh not in ("counts", "lookahead"):
+            raise ValueError(f"hot_refresh must be 'counts' (Algorithm 1) or 'lookahead' (from the next batches fit "
+                             f"reads), got {self.hot_refresh!r}")
+        if self.hot_lookahead_batches is not None and not (
+                isinstance(self.hot_lookahead_batches, int) and self.hot_lookahead_batches >= 1):
+            raise ValueError(f"hot_lookahead_batches must be a number of batches >= 1 or None (hot_refresh_every), "
+                             f"got {self.hot_lookahead_batches!r}")
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
         if not 0.0 <= self.projection_max_distinct <= 1.0:
@@ -197,6 +218,11 @@ class Config:
             return self.interleaving
         return getattr(self, name)
 
+    @property
+    def lookahead_batches(self):
+        """How many batches ahead a lookahead refresh of the hot set reads."""
+        return self.hot_lookahead_batches or self.hot_refresh_every
+
     def to_dict(self):
         return dataclasses.asdict(self)
 
@@ -208,4 +234,6 @@ def _parse_env(name, text, type_name):
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"PICASSO_{name.upper()}={text!r}: expected 1/0, true/false")
+    if type_name in (str, "str"):
+        return text
     return float(text) if type_name in (float, "float") else int(text)

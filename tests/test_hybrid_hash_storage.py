@@ -60,10 +60,12 @@ def test_trains_bit_for_bit_as_the_tables_read_in_place(optimizer, hot):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def one_table_model():
+def one_table_model(fold=False):
+    """60 rows of dim 4 looked up by 3 ids per example (fold: any ids, folded into the
+    table by the model, ids % 60)."""
     tf.keras.utils.set_random_seed(1)
     x = tf.keras.Input((3,), dtype="int64", name="u")
-    pooled = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(60, 4)(x))
+    pooled = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(60, 4)(x % 60 if fold else x))
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(pooled))
 
 
@@ -139,6 +141,176 @@ def test_a_lookahead_refresh_refuses_ids_outside_the_table_and_changes_nothing()
             storage.refresh_ahead([{table: np.arange(3)}, {table: bad}])
         np.testing.assert_array_equal(storage.hot.keys.numpy(), before)
     assert sorted(before[before < 60].tolist()) == list(range(5, 12))
+
+
+# fit(hot_refresh="lookahead") on a dataset of 6 batches (the last one partial), in
+# the ways Keras reads a dataset: a new iterator each epoch (its cardinality known or
+# not, or steps_per_epoch equal to it), or one iterator across epochs (steps_per_epoch
+# of a repeated dataset).
+LOOKAHEAD_FITS = {"epochs": (lambda d: d, dict(epochs=3)),
+                  "unknown cardinality": (lambda d: d.filter(lambda x, y: True), dict(epochs=2)),
+                  "steps_per_epoch of the dataset": (lambda d: d, dict(epochs=2, steps_per_epoch=6)),
+                  "steps_per_epoch across epochs": (lambda d: d.repeat(), dict(epochs=3, steps_per_epoch=4))}
+LOOKAHEAD = dict(hot_refresh="lookahead", hot_refresh_every=2, hot_lookahead_batches=3)
+
+
+def fold_data(seed=2, samples=23):
+    rng = np.random.default_rng(seed)
+    return {"u": (rng.zipf(1.3, (samples, 3)) % 60) + 60 * rng.integers(0, 9, (samples, 3))}, \
+        (rng.random(samples) < 0.5).astype("float32")
+
+
+class StepRecorder(tf.keras.callbacks.Callback):
+    """Each step's loss, and the hot set (of a storage) as the step began (a step
+    begun on a dataset with no batch left ends with no record)."""
+
+    def __init__(self, storage=None):
+        super().__init__()
+        self.storage, self.losses, self.hot = storage, [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.storage is not None:
+            keys = self.storage.hot.keys.numpy()
+            self._hot = sorted(keys[keys < 60].tolist())
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+        if self.storage is not None:
+            self.hot.append(self._hot)
+
+
+def fit_steps(options, dataset, fit):
+    """(model, StepRecorder) of fitting a one-table model (ids folded in the model) with `options`."""
+    model = picasso.optimize(one_table_model(fold=True), projection=False, **options)
+    model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    storages = list(model.picasso.storages.values())
+    recorder = StepRecorder(storages[0] if getattr(storages[0], "hot", None) is not None else None)
+    model.fit(dataset, verbose=0, callbacks=[recorder], **fit)
+    return model, recorder
+
+
+@pytest.mark.parametrize("read", sorted(LOOKAHEAD_FITS))
+def test_fit_with_lookahead_trains_as_counts_and_as_tables_read_in_place(read):
+    """On a dataset reshuffled each epoch, losses at every step and the trained weights
+    are the same as with the hot set chosen from counts and with no hash tables: Keras
+    sees the same batches, in the same order, the last partial one included."""
+    shape, fit = LOOKAHEAD_FITS[read]
+    x, y = fold_data()
+    runs = {}
+    for name, options in [("lookahead", dict(hybrid_hash=True, hot_storage_bytes=7 * 48, **LOOKAHEAD)),
+                          ("counts", dict(hybrid_hash=True, hot_storage_bytes=7 * 48, hot_warmup_steps=2,
+                                          hot_refresh_every=2)),
+                          ("hybrid_hash=False", dict(hybrid_hash=False))]:
+        dataset = shape(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(23, seed=4).batch(4))
+        runs[name] = fit_steps(options, dataset, fit)
+    steps = fit["epochs"] * fit.get("steps_per_epoch", 6)
+    losses = {name: recorder.losses for name, (_, recorder) in runs.items()}
+    assert len(losses["lookahead"]) == steps and losses["lookahead"] == losses["counts"] == losses["hybrid_hash=False"]
+    assert len({tuple(h) for h in runs["lookahead"][1].hot}) > 1        # the hot set did change
+    weights = {name: model.get_weights() for name, (model, _) in runs.items()}
+    for a, b, c in zip(*weights.values()):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("read", sorted(LOOKAHEAD_FITS))
+def test_fit_with_lookahead_holds_the_ids_of_the_next_batches(read):
+    """At the first step of each pass over the dataset and every hot_refresh_every steps
+    of it, the hot set becomes the ids (as the model folds them) looked up in most of the
+    next hot_lookahead_batches batches of the pass, then the most counted before, then
+    the smaller id: a NumPy model of it on the batches Keras reads."""
+    shape, fit = LOOKAHEAD_FITS[read]
+    x, y = fold_data(seed=3)
+    capacity, every, ahead = 7, LOOKAHEAD["hot_refresh_every"], LOOKAHEAD["hot_lookahead_batches"]
+    _, recorder = fit_steps(dict(hybrid_hash=True, hot_storage_bytes=capacity * 48, **LOOKAHEAD),
+                            shape(tf.data.Dataset.from_tensor_slices((x, y)).batch(4)), fit)
+    folded = [x["u"][i:i + 4] % 60 for i in range(0, 23, 4)]
+    if "steps_per_epoch" in fit and fit["steps_per_epoch"] != len(folded):
+        passes = [folded * 3]                       # one iterator of the repeated dataset
+    else:
+        passes = [folded] * fit["epochs"]
+    counts, expected = np.zeros(60, np.int64), []
+    for read in passes:
+        for position, ids in enumerate(read):
+            if position % every == 0:
+                future = np.zeros(60, np.int64)
+                for later in read[position:position + ahead]:
+                    future[np.unique(later)] += 1
+                hot = sorted(np.lexsort((np.arange(60), -counts, -future))[:capacity].tolist())
+            expected.append(hot)
+            counts[np.unique(ids)] += 1
+    expected = expected[:fit["epochs"] * fit.get("steps_per_epoch", len(folded))]
+    assert recorder.hot == expected
+
+
+def test_the_batches_keras_reads_through_a_peeked_dataset_are_the_datasets():
+    """Every iterator of PeekedDataset.dataset reads a new pass of the dataset (a
+    shuffle's next order), whatever was peeked, ragged features and a last partial batch
+    included; peeks stop at the end of the pass."""
+    from picasso_tf.embedding.lookahead import PeekedDataset
+
+    def dataset():
+        ragged = tf.ragged.constant([[i] * (i % 3) for i in range(11)], dtype=tf.int64)
+        return tf.data.Dataset.from_tensor_slices(({"r": ragged, "d": tf.range(11.0)}, tf.range(11))).shuffle(
+            11, seed=5).batch(3)
+
+    def as_lists(batch):
+        return tf.nest.map_structure(lambda t: t.to_list() if isinstance(t, tf.RaggedTensor) else t.numpy().tolist(),
+                                     batch)
+
+    plain, peeked = dataset(), PeekedDataset(dataset())
+    assert int(peeked.dataset.cardinality()) == 4
+    for _ in range(3):
+        expected, read = [as_lists(b) for b in iter(plain)], []
+        iterator = iter(peeked.dataset)
+        for step in range(4):
+            assert peeked.position()[1] == step
+            assert [as_lists(b) for b in peeked.peek(3)] == expected[step:step + 3]
+            read.append(as_lists(next(iterator)))
+        assert read == expected
+        with pytest.raises(StopIteration):
+            next(iterator)
+
+
+def test_an_id_out_of_range_ahead_stops_fit_before_the_refresh_reading_it():
+    """Batch 3 holds an id outside the table: the refresh before step 2, which reads
+    batches 2-4, stops fit with the error naming the feature, as training on batch 3
+    would; the hot set and the weights are those after steps 0-1."""
+    x, y = fold_data()
+    x = {"u": x["u"] % 60}
+    x["u"][13, 1] = 70
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    model = picasso.optimize(one_table_model(), hybrid_hash=True, projection=False, hot_storage_bytes=7 * 48,
+                             **LOOKAHEAD)
+    model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    (storage,) = model.picasso.storages.values()
+    recorder = StepRecorder(storage)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids of feature.*u.*got.*70"):
+        model.fit(dataset, verbose=0, callbacks=[recorder])
+    keys = storage.hot.keys.numpy()
+    assert len(recorder.hot) == 2 and sorted(keys[keys < 60].tolist()) == recorder.hot[0]
+    plain = picasso.optimize(one_table_model(), projection=False)
+    plain.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    plain.fit(dataset.take(2), verbose=0)
+    for a, b in zip(plain.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_lookahead_options_and_input_it_cannot_read_ahead_are_refused_by_name():
+    for bad, named in [(dict(hot_refresh="future"), "hot_refresh must be 'counts'.*'future'"),
+                       (dict(hot_lookahead_batches=0), "hot_lookahead_batches must be.*0")]:
+        with pytest.raises(ValueError, match=named):
+            picasso.Config(**bad)
+    assert picasso.Config(hot_refresh_every=5).lookahead_batches == 5
+    model = picasso.optimize(one_table_model(), hybrid_hash=True, hot_storage_bytes=7 * 48, **LOOKAHEAD)
+    model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    x, y = fold_data()
+    x = {"u": x["u"] % 60}
+    with pytest.raises(TypeError, match="hot_refresh='lookahead'.*tf.data.Dataset; got dict"):
+        model.fit(x, y, batch_size=4, verbose=0)
+    with pytest.raises(ValueError, match="hot_refresh='lookahead'.*class_weight"):
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), class_weight={0: 1.0, 1: 2.0}, verbose=0)
+    assert int(model.optimizer.iterations) == 0
 
 
 def test_a_hot_tier_that_holds_every_row_holds_them_from_the_start():

@@ -8,8 +8,10 @@ While a key is in the hot tier, its row and optimizer slot there are the current
 `warmup` steps every lookup goes to the cold tier, which counts them; then every
 `refresh_every` steps `refresh` writes the hot rows and counts back into the cold tier
 and loads the `capacity` keys with the highest counts (ties: the smaller key), so the
-rows move between the tiers but never change. A tier that can hold every row holds all
-of them from the start.
+rows move between the tiers but never change (with Config.hot_refresh="lookahead" the
+storage instead refreshes it between steps from the batches ahead,
+HybridHashTables.refresh_ahead). A tier that can hold every row holds all of them from
+the start.
 
 The keys are kept sorted (padded with EMPTY), so finding a batch's keys is a binary
 search; the rows sit at the same positions.

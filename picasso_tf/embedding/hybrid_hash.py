@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hot_tier import EMPTY, HotTier
-from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id
+from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id, table_number
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.errors import UnsupportedModelError
@@ -45,8 +45,10 @@ class HybridHashTables(EmbeddingStorage):
     kind = "hybrid_hash"
     sharded_kind = "sharded_hybrid_hash"     # under hybrid parallelism: this rank's rows only
 
-    def __init__(self, layout, warmup=0, refresh_every=1, world=World()):
+    def __init__(self, layout, warmup=0, refresh_every=1, world=World(), refresh="counts"):
         super().__init__(layout)
+        # "lookahead": the hot set changes only by refresh_ahead, which fit calls between steps.
+        self.scheduled_refresh = refresh == "counts"
         self.world = world if layout.kind == self.sharded_kind else World()
         self.collective = self.world.distributed
         with tf.init_scope():
@@ -160,7 +162,7 @@ class HybridHashTables(EmbeddingStorage):
                                                     update.hyper["epsilon"]))
         with tf.control_dependencies(applied):
             counted = self.updates.assign_add(1)
-        if self.hot is None:
+        if self.hot is None or not self.scheduled_refresh:
             return counted
         with tf.control_dependencies([counted]):
             return tf.cond(self.hot.due(tf.convert_to_tensor(iteration, tf.int64)), self._refresh, tf.no_op)
@@ -199,7 +201,8 @@ class HybridHashTables(EmbeddingStorage):
         (Algorithm 1's choice), then the smaller key; the rows and counts of the keys
         that leave go back to the table, as at a scheduled refresh. `upcoming` is one
         {table name: the ids its lookups read, any shape} per batch, in training order,
-        as a loop that peeks ahead of its input would give them; a table of another
+        as a loop that peeks ahead of its input would give them (fit does with
+        hot_refresh="lookahead": picasso_tf.embedding.lookahead); a table of another
         group is ignored. Refuses (changing nothing) a table name that no hash-backed
         group holds or an id outside its table."""
         position = {m.name: i for i, m in enumerate(self.layout.members)}
@@ -218,8 +221,8 @@ class HybridHashTables(EmbeddingStorage):
                 held = ids[ids % self.world.size == self.world.rank].astype(np.int64)
                 keys.append((position[name] << ID_BITS) | held)
             batches.append(np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64))
-        if self.hot is None or self.all_hot:
-            return      # no choice to make
+        if not self.chooses_hot_set:
+            return
         keys, values, slot, counts, last_steps = self._current()
         sorted_keys, past = keys.numpy(), counts.numpy()
         future = np.zeros_like(past)
@@ -229,6 +232,11 @@ class HybridHashTables(EmbeddingStorage):
         self.table.import_(keys, values, slot[None], counts, last_steps)
         self.hot.load(keys, values, slot, np.sort(chosen))
         self._state_at = None       # the hot set a checkpoint saves has changed
+
+    @property
+    def chooses_hot_set(self):
+        """Whether a refresh has a choice to make: a hot tier that cannot hold every row."""
+        return self.hot is not None and not self.all_hot
 
     def write_back(self):
         """Copies the rows and slots into the originals, unless they hold them already
@@ -417,6 +425,33 @@ class HashRowFetch:
             for i, p in zip(own, positions_of([requests[i] for i in own], index, sizes)):
                 positions[i] = p
         return rows, positions
+
+
+class LookedUpIds:
+    """A fetch in HashRowFetch's place that fetches nothing, for a lookahead refresh: it
+    keeps (``ids``), per member table of the hash-backed groups `storages`, the distinct
+    ids the batch's lookups read (checked as a training step checks them), as
+    refresh_ahead takes them. The rows it gives the graph are empty: only the ids are
+    meant to be computed."""
+
+    def __init__(self, storages, check_ids=True):
+        self.storages, self.check_ids = list(storages), check_ids
+        self.ids = {}
+
+    def fetch(self, requests):
+        """requests: [(ExchangedIds, ids tensor)]; returns what HashRowFetch.fetch does,
+        with no rows (and the ids as positions)."""
+        rows, self.ids = {}, {}
+        for storage in self.storages:
+            rows[storage.name] = tf.zeros([0, storage.layout.dim], storage.layout.dtype)
+            own = [r for r in requests if r[0].group == storage.name]
+            if not own:
+                continue
+            keys = tf.unique(keys_of(storage.layout, own, 0, self.check_ids)[0])[0]
+            member = table_number(keys)
+            for m in sorted({x.member for x, _ in own}):
+                self.ids[storage.layout.members[m].name] = tf.boolean_mask(row_id(keys), tf.equal(member, m))
+        return rows, [ids for _, ids in requests]
 
 
 def _of_this_graph(records):

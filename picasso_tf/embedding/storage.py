@@ -108,6 +108,7 @@ def make_storage(layout, world, config):
     if layout.kind == RowShardedTables.kind:
         return RowShardedTables(layout, world)
     if layout.kind in (HybridHashTables.kind, HybridHashTables.sharded_kind):
-        return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every, world)
+        return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every, world,
+                                config.hot_refresh)
     kinds = [TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind, HybridHashTables.sharded_kind]
     raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; the kinds are {kinds}")
