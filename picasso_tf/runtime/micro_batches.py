@@ -198,9 +198,21 @@ class LookupCopies:
                                  f"lookups {missing}; please report this model")
         copies = {node: found[0] for node, found in by_node.items()}
         if self.gathered is None:
-            self.gathered = [node for node, op in copies.items()
-                             if not _reads_lookups(op, set(copies.values()) - {op}, set(operations))]
+            self.gathered = [node for node, op in copies.items() if _one_row_per_example(op)
+                             and not _reads_lookups(op, set(copies.values()) - {op}, set(operations))]
         return tuple(copies[node] for node in self.gathered)
+
+
+def _one_row_per_example(op):
+    """Whether each output of the lookup `op` has one row per example (one-hot or pooled
+    sites, a projection). An unpooled sequence's gradient ([batch, L, D]) gathered over
+    the whole batch costs more to copy and hold than its micro-batches' row gradients
+    cost to sum (MMoE's behaviour sequences, benchmarks/interleaving_sweep.txt)."""
+    if op.type == "PicassoStitchedProjection":
+        return True
+    if op.type == "PicassoStitchedLookup":
+        return all(blocks == 1 for blocks in op.get_attr("row_blocks"))
+    return all(t.shape.rank is not None and t.shape.rank <= 2 for t in op.outputs)
 
 
 def _reads_lookups(op, lookups, within):
