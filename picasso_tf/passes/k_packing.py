@@ -15,6 +15,7 @@ runtime binds the group's storage.
 import collections
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
@@ -253,7 +254,7 @@ class _StitchLayout:
 
     def projection(self, kernel_name):
         """The concatenation times the kernel: PicassoStitchedProjection of the sites,
-        plus a MatMul per other input with its rows of the kernel."""
+        plus the product of the other inputs with their rows of the kernel."""
         from picasso_tf.ops import stitched_projection as projection_ops
         kernel = self.graph.get_tensor_by_name(kernel_name)
         args = {k: v for k, v in self.site_args.items() if k != "weights_list"}
@@ -262,8 +263,16 @@ class _StitchLayout:
                 self.tables, kernel=kernel, table_index=self.table_index, columns=self.columns,
                 row_blocks=self.row_blocks, width=self.width, **args)
             self.op_name = out.op.name
-            for tensor, column, inner in self.dense:
-                out += tf.matmul(tf.reshape(tensor, [-1, inner]), kernel[column:column + inner])
+            if len(self.dense) == 1:
+                [(tensor, column, inner)] = self.dense
+                return out + tf.matmul(tf.reshape(tensor, [-1, inner]), kernel[column:column + inner])
+            if self.dense:
+                # One product for all the other inputs (a model may concatenate hundreds of
+                # them: CAN's co-action outputs), with their rows of the kernel gathered,
+                # rather than a product per input and a kernel-sized gradient for each.
+                inputs = tf.concat([tf.reshape(t, [-1, inner]) for t, _, inner in self.dense], axis=1)
+                rows = np.concatenate([np.arange(column, column + inner) for _, column, inner in self.dense])
+                out += tf.matmul(inputs, tf.gather(kernel, rows))
             return out
 
 
