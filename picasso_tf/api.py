@@ -434,16 +434,19 @@ class PicassoModel(tf.keras.Model):
         fit["x"], fit["callbacks"] = peeked.dataset, [refresh] + list(fit.get("callbacks") or [])
         return super().fit(**fit)
 
-    def _hot_sets_to_choose(self):
+    def _hot_sets_to_choose(self, features=None):
+        """The hash storages whose hot set a refresh chooses (once the model is rewritten,
+        on `features` if it has not been)."""
+        if features is not None:
+            self._ensure_rewritten(features)
         return [s for s in self.picasso.storages.values()
                 if s.kind == HybridHashTables.kind and s.chooses_hot_set]
 
     def _ids_looked_up(self, features):
         """{table name: distinct ids its lookups read} of a batch's `features`, for the
-        hash-backed groups: the part of the rewritten training graph that computes the
-        ids (the model's hashing and offsets included), fetching no rows."""
+        hash-backed groups of the rewritten model: the part of its training graph that
+        computes the ids (the model's hashing and offsets included), fetching no rows."""
         if self._looked_up_ids is None:
-            self._ensure_rewritten(features)
             training = self._forward[True]
             looked_up = LookedUpIds(training.fetch.storages, self.picasso.config.check_ids)
             forward = RewrittenForward(training.captured, self.picasso.storages, looked_up)

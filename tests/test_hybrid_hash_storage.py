@@ -161,30 +161,47 @@ def fold_data(seed=2, samples=23):
 
 
 class StepRecorder(tf.keras.callbacks.Callback):
-    """Each step's loss, and the hot set (of a storage) as the step began (a step
-    begun on a dataset with no batch left ends with no record)."""
+    """Each step's loss, and the hot set of a one-table model's hot tier (if it has one)
+    as the step began (a step begun on a dataset with no batch left ends with no record)."""
 
-    def __init__(self, storage=None):
+    def __init__(self, model):
         super().__init__()
-        self.storage, self.losses, self.hot = storage, [], []
+        self.picasso, self.losses, self.hot, self._hot = model.picasso, [], [], None
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.storage is not None:
-            keys = self.storage.hot.keys.numpy()
+        storages = list(self.picasso.storages.values())
+        if getattr(storages[0], "hot", None) is not None:
+            keys = storages[0].hot.keys.numpy()
             self._hot = sorted(keys[keys < 60].tolist())
 
     def on_train_batch_end(self, batch, logs=None):
         self.losses.append(float(logs["loss"]))
-        if self.storage is not None:
+        if self._hot is not None:
             self.hot.append(self._hot)
+
+
+def lookahead_hot_sets(passes, capacity):
+    """A NumPy model of the hot set as each step begins under LOOKAHEAD, from the ids
+    (in the table) of the batches of each pass Keras reads."""
+    every, ahead = LOOKAHEAD["hot_refresh_every"], LOOKAHEAD["hot_lookahead_batches"]
+    counts, hot_sets = np.zeros(60, np.int64), []
+    for read in passes:
+        for position, ids in enumerate(read):
+            if position % every == 0:
+                future = np.zeros(60, np.int64)
+                for later in read[position:position + ahead]:
+                    future[np.unique(later)] += 1
+                hot = sorted(np.lexsort((np.arange(60), -counts, -future))[:capacity].tolist())
+            hot_sets.append(hot)
+            counts[np.unique(ids)] += 1
+    return hot_sets
 
 
 def fit_steps(options, dataset, fit):
     """(model, StepRecorder) of fitting a one-table model (ids folded in the model) with `options`."""
     model = picasso.optimize(one_table_model(fold=True), projection=False, **options)
     model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
-    storages = list(model.picasso.storages.values())
-    recorder = StepRecorder(storages[0] if getattr(storages[0], "hot", None) is not None else None)
+    recorder = StepRecorder(model)
     model.fit(dataset, verbose=0, callbacks=[recorder], **fit)
     return model, recorder
 
@@ -221,26 +238,36 @@ def test_fit_with_lookahead_holds_the_ids_of_the_next_batches(read):
     the smaller id: a NumPy model of it on the batches Keras reads."""
     shape, fit = LOOKAHEAD_FITS[read]
     x, y = fold_data(seed=3)
-    capacity, every, ahead = 7, LOOKAHEAD["hot_refresh_every"], LOOKAHEAD["hot_lookahead_batches"]
-    _, recorder = fit_steps(dict(hybrid_hash=True, hot_storage_bytes=capacity * 48, **LOOKAHEAD),
+    _, recorder = fit_steps(dict(hybrid_hash=True, hot_storage_bytes=7 * 48, **LOOKAHEAD),
                             shape(tf.data.Dataset.from_tensor_slices((x, y)).batch(4)), fit)
     folded = [x["u"][i:i + 4] % 60 for i in range(0, 23, 4)]
     if "steps_per_epoch" in fit and fit["steps_per_epoch"] != len(folded):
         passes = [folded * 3]                       # one iterator of the repeated dataset
     else:
         passes = [folded] * fit["epochs"]
-    counts, expected = np.zeros(60, np.int64), []
-    for read in passes:
-        for position, ids in enumerate(read):
-            if position % every == 0:
-                future = np.zeros(60, np.int64)
-                for later in read[position:position + ahead]:
-                    future[np.unique(later)] += 1
-                hot = sorted(np.lexsort((np.arange(60), -counts, -future))[:capacity].tolist())
-            expected.append(hot)
-            counts[np.unique(ids)] += 1
-    expected = expected[:fit["epochs"] * fit.get("steps_per_epoch", len(folded))]
-    assert recorder.hot == expected
+    assert recorder.hot == lookahead_hot_sets(passes, 7)[:fit["epochs"] * fit.get("steps_per_epoch", len(folded))]
+
+
+class OneTableSubclass(tf.keras.Model):
+    """one_table_model(fold=True) as a subclass, whose inputs picasso_tf learns from the first batch."""
+
+    def __init__(self):
+        super().__init__()
+        tf.keras.utils.set_random_seed(1)
+        self.embedding, self.out = tf.keras.layers.Embedding(60, 4), tf.keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, features):
+        return self.out(tf.reduce_mean(self.embedding(features["u"] % 60), 1))
+
+
+def test_a_subclassed_model_is_refreshed_from_its_first_step():
+    """The model is rewritten on the first batch peeked, before its first step."""
+    x, y = fold_data(seed=3)
+    model = picasso.optimize(OneTableSubclass(), hybrid_hash=True, hot_storage_bytes=7 * 48, **LOOKAHEAD)
+    model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    recorder = StepRecorder(model)
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), verbose=0, callbacks=[recorder])
+    assert recorder.hot == lookahead_hot_sets([[x["u"][i:i + 4] % 60 for i in range(0, 23, 4)]], 7)
 
 
 def test_the_batches_keras_reads_through_a_peeked_dataset_are_the_datasets():
@@ -284,7 +311,7 @@ def test_an_id_out_of_range_ahead_stops_fit_before_the_refresh_reading_it():
                              **LOOKAHEAD)
     model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
     (storage,) = model.picasso.storages.values()
-    recorder = StepRecorder(storage)
+    recorder = StepRecorder(model)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids of feature.*u.*got.*70"):
         model.fit(dataset, verbose=0, callbacks=[recorder])
     keys = storage.hot.keys.numpy()

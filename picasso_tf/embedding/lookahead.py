@@ -103,10 +103,10 @@ class _IteratedDataset(tf.data.Dataset):
 
 
 class LookaheadRefresh(tf.keras.callbacks.Callback):
-    """Before a step, refreshes the hot sets of `storages` (made by `storages()`, once
-    the model is rewritten) from the next `ahead` batches of `peeked` when a pass begins
-    and every `every` steps of it; `ids_of(features)` gives a batch's {table name:
-    distinct ids}."""
+    """Before a step, refreshes the hot sets of `storages(features)` (the model rewritten
+    on a batch's features if it has not been) from the next `ahead` batches of `peeked`
+    when a pass begins and every `every` steps of it; `ids_of(features)` gives a batch's
+    {table name: distinct ids}."""
 
     def __init__(self, peeked, storages, ids_of, every, ahead):
         super().__init__()
@@ -119,17 +119,23 @@ class LookaheadRefresh(tf.keras.callbacks.Callback):
         where, position = self._peeked.position()
         if self._last is not None and self._last[0] == where and position - self._last[1] < self._every:
             return
-        storages = self._storages()
-        if not storages or not self._peeked.peek(1):
-            return      # no hot set to choose, or the step will find no batch (Keras then ends the epoch)
         self._last = (where, position)
+        ahead = self._peeked.peek(self._ahead)
+        if not ahead:
+            return      # the step will find no batch (Keras then ends the epoch)
+        storages = self._storages(_features(ahead[0]))
+        if not storages:
+            return
         upcoming = []
-        for i, later in enumerate(self._peeked.peek(self._ahead)):
+        for i, later in enumerate(ahead):
             key = (where, position + i)
             if key not in self._ids:
-                features = tf.keras.utils.unpack_x_y_sample_weight(later)[0]
-                self._ids[key] = {name: ids.numpy() for name, ids in self._ids_of(features).items()}
+                self._ids[key] = {name: ids.numpy() for name, ids in self._ids_of(_features(later)).items()}
             upcoming.append(self._ids[key])
         self._ids = {k: v for k, v in self._ids.items() if k[0] == where and k[1] >= position + self._every}
         for storage in storages:
             storage.refresh_ahead(upcoming)
+
+
+def _features(batch):
+    return tf.keras.utils.unpack_x_y_sample_weight(batch)[0]
