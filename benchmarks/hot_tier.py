@@ -244,7 +244,8 @@ def fit_table(sizes, args, schedules, say):
                         hits, lookups = (b - a for a, b in zip(before, sections._hot_counters(model)))
                         ratios[name].add(hits / lookups)
                     sections.cleanup()
-            say(f"Zipf {exponent}, hot tier {capacity:,} rows ({100 * share:g}%): load average {os.getloadavg()[0]:.1f}")
+            say(f"Zipf {exponent}, hot tier {capacity:,} rows ({100 * share:g}%): "
+                f"load average {os.getloadavg()[0]:.1f}")
             say(f"{'model':<22} {'hit ratio':>9} {'NumPy':>7} {'x Belady':>8} {'samples/s':>26} {'/ past':>7}")
             belady = sections.belady_hits(distinct, sizes.hot_vocab, capacity)[first:].sum() / looked_up
             past = statistics.median(speeds[f"past R={sizes.hot_refresh}"])
