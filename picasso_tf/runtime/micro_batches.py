@@ -161,10 +161,9 @@ def whole_batch_lookup(ops):
         else:
             raise AssertionError(f"picasso_tf: micro-batches do not know how to join the input {name!r} of "
                                  f"{ops[0].type}; please report this model")
-    attrs = {key: value for key, value in ops[0].node_def.attr.items()}
     return tf.compat.v1.get_default_graph().create_op(
         ops[0].type, [t for name in first for t in joined[name]], [t.dtype for t in ops[0].outputs],
-        name="picasso_whole_batch/" + ops[0].name.rsplit("/", 1)[-1], attrs=attrs)
+        name="picasso_whole_batch/" + ops[0].name.rsplit("/", 1)[-1], attrs=dict(ops[0].node_def.attr))
 
 
 def _inputs_by_arg(op):
