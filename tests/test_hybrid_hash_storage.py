@@ -180,19 +180,23 @@ class StepRecorder(tf.keras.callbacks.Callback):
             self.hot.append(self._hot)
 
 
-def lookahead_hot_sets(passes, capacity):
-    """A NumPy model of the hot set as each step begins under LOOKAHEAD, from the ids
-    (in the table) of the batches of each pass Keras reads."""
+def lookahead_hot_sets(passes, capacity, steps_per_execution=1):
+    """A NumPy model of the hot set as each execution of steps begins under LOOKAHEAD,
+    from the ids (in the table) of the batches of each pass Keras reads: refreshed at
+    the first execution of a pass and at the first one hot_refresh_every steps or more
+    after the last refresh."""
     every, ahead = LOOKAHEAD["hot_refresh_every"], LOOKAHEAD["hot_lookahead_batches"]
     counts, hot_sets = np.zeros(60, np.int64), []
     for read in passes:
+        last = None
         for position, ids in enumerate(read):
-            if position % every == 0:
-                future = np.zeros(60, np.int64)
-                for later in read[position:position + ahead]:
-                    future[np.unique(later)] += 1
-                hot = sorted(np.lexsort((np.arange(60), -counts, -future))[:capacity].tolist())
-            hot_sets.append(hot)
+            if position % steps_per_execution == 0:
+                if last is None or position - last >= every:
+                    future = np.zeros(60, np.int64)
+                    for later in read[position:position + ahead]:
+                        future[np.unique(later)] += 1
+                    hot, last = sorted(np.lexsort((np.arange(60), -counts, -future))[:capacity].tolist()), position
+                hot_sets.append(hot)
             counts[np.unique(ids)] += 1
     return hot_sets
 
@@ -246,6 +250,26 @@ def test_fit_with_lookahead_holds_the_ids_of_the_next_batches(read):
     else:
         passes = [folded] * fit["epochs"]
     assert recorder.hot == lookahead_hot_sets(passes, 7)[:fit["epochs"] * fit.get("steps_per_epoch", len(folded))]
+
+
+def test_with_several_steps_per_execution_a_refresh_waits_for_the_next_execution():
+    """steps_per_execution=3, hot_refresh_every=2: Keras runs steps 0-2 and 3-5 of each
+    epoch in one call each, so the refreshes come before steps 0 and 3; training is as
+    without hash tables."""
+    x, y = fold_data(seed=3)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    runs = {}
+    for name, options in [("lookahead", dict(hybrid_hash=True, hot_storage_bytes=7 * 48, **LOOKAHEAD)),
+                          ("hybrid_hash=False", dict(hybrid_hash=False))]:
+        model = picasso.optimize(one_table_model(fold=True), projection=False, **options)
+        model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy", steps_per_execution=3)
+        runs[name] = (model, StepRecorder(model))
+        model.fit(dataset, epochs=2, verbose=0, callbacks=[runs[name][1]])
+    folded = [x["u"][i:i + 4] % 60 for i in range(0, 23, 4)]
+    assert runs["lookahead"][1].hot == lookahead_hot_sets([folded] * 2, 7, steps_per_execution=3)
+    assert runs["lookahead"][1].losses == runs["hybrid_hash=False"][1].losses
+    for a, b in zip(*(model.get_weights() for model, _ in runs.values())):
+        np.testing.assert_array_equal(a, b)
 
 
 class OneTableSubclass(tf.keras.Model):
