@@ -34,7 +34,7 @@ import sys
 
 import picasso_tf
 import picasso_tf.models as zoo
-from micro_batch_memory import PEAK_ENV, PEAK_STEPS
+from micro_batch_memory import PEAK_ENV, PEAK_STEPS, step_peaks
 from picasso_tf.tools.benchmarking import sections as bench_sections
 from picasso_tf.tools.benchmarking.timing import measure
 
@@ -60,8 +60,6 @@ def peak_child(name, k, start, batch):
     measures it), printed as JSON."""
     import tensorflow as tf
 
-    def status(key):
-        return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
     build, data = model_and_data(name, int(batch))
     x, y = data.features, data.label_dict
     small = data.take(range(64))
@@ -69,13 +67,7 @@ def peak_child(name, k, start, batch):
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy")
     model.train_on_batch(small.features, small.label_dict)   # the optimizer's slots
     model.train_on_batch(x, y)                               # traced for this batch size
-    peaks = []
-    for _ in range(PEAK_STEPS):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")                                     # VmHWM := VmRSS
-        before = status("VmRSS")
-        model.train_on_batch(x, y)
-        peaks.append(status("VmHWM") - before)
+    peaks = step_peaks(model, x, y)
     print(json.dumps({"peak": sorted(peaks)[len(peaks) // 2], "peaks": peaks}))
 
 

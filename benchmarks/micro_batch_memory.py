@@ -36,8 +36,6 @@ import picasso_tf.models as zoo
 from picasso_tf.data import synthetic
 from picasso_tf.runtime.micro_batch_planner import activation_bytes
 name, k, start, batch, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-def status(key):
-    return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
 schema = synthetic.preset_schema("criteo", max_buckets=100_000)
 data = synthetic.generate(schema, batch, seed=1)
 x, y = data.features, data.label_dict
@@ -47,24 +45,35 @@ small = synthetic.generate(schema, 64, seed=2)
 model.train_on_batch(small.features, small.label_dict)      # the optimizer's slots, made once
 model.train_on_batch(x, y)                                  # traced for this batch size
 activations = activation_bytes(model.rewritten_forward(), x) if k == 1 else None
-peaks = []
-for _ in range(steps):
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")                                        # VmHWM := VmRSS
-    before = status("VmRSS")
-    model.train_on_batch(x, y)
-    peaks.append(status("VmHWM") - before)
+sys.path.insert(0, sys.argv[6])
+from micro_batch_memory import step_peaks
+peaks = step_peaks(model, x, y, steps)
 print(json.dumps({"peak": sorted(peaks)[len(peaks) // 2], "peaks": peaks, "activations": activations}))
 """
 
 MODELS = ("wide_deep", "dlrm", "can", "mmoe")
 
 
+def step_peaks(model, x, y, steps=PEAK_STEPS):
+    """Each of `steps` training steps' peak RSS above the RSS before it."""
+    def status(key):
+        return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
+    peaks = []
+    for _ in range(steps):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                                    # VmHWM := VmRSS
+        before = status("VmRSS")
+        model.train_on_batch(x, y)
+        peaks.append(status("VmHWM") - before)
+    return peaks
+
+
 def run(name, k, start, batch):
     """{"peak": the median step's peak RSS above the RSS before it, "peaks": each step's,
     "activations": the planner's activation bytes of the whole batch (K=1 only)}, from
     a fresh process."""
-    out = subprocess.run([sys.executable, "-c", CHILD, name, str(k), start, str(batch), str(PEAK_STEPS)],
+    out = subprocess.run([sys.executable, "-c", CHILD, name, str(k), start, str(batch), str(PEAK_STEPS),
+                          os.path.dirname(os.path.abspath(__file__))],
                          capture_output=True, text=True, env=dict(os.environ, **PEAK_ENV))
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])

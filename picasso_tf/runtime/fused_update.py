@@ -61,13 +61,16 @@ class InGradientUpdates:
 
     def for_tables(self, tables):
         """Per table value, (variable, this step's sparse_apply.Update); None unless all qualify."""
-        variables = [_variable_read_only_as(t, self.fused) for t in tables]
+        variables = [self._variable(t) for t in tables]
         if any(v is None for v in variables):
             return None
         decays = {self.fused.decay[v.ref()] for v in variables}
         if len(decays) > 1 or not self.fused.optimizer.changes_only_gradient_rows(decays.pop()):
             return None
         return list(zip(variables, self.fused.updates(variables, self.iteration)))
+
+    def _variable(self, value):
+        return _variable_read_only_as(value, self.fused)
 
     def record(self, op, variables):
         self.ops.append(op)

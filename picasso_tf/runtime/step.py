@@ -108,16 +108,6 @@ class GatheredLookupUpdates(InGradientUpdates):
         super().__init__(fused, iteration)
         self.lookup_of = {op.name: i for i, ops in enumerate(readers) for op in ops}
 
-    def for_tables(self, tables):
-        variables = [self._variable(t) for t in tables]
-        if any(v is None for v in variables):
-            return None
-        # As InGradientUpdates: the kernel's update of a row needs only that row's gradient.
-        decays = {self.fused.decay[v.ref()] for v in variables}
-        if len(decays) > 1 or not self.fused.optimizer.changes_only_gradient_rows(decays.pop()):
-            return None
-        return list(zip(variables, self.fused.updates(variables, self.iteration)))
-
     def _variable(self, value):
         """The fused table variable read as `value` whose every read feeds the copies of
         one lookup only, else None."""
