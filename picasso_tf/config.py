@@ -88,7 +88,11 @@ class Config:
       sample of the forward pass on the first batch of `warmup_data` (needed), for the
       traced batch size or else the warm-up batch's; models that couple samples, or
       whose loss is no batch mean, keep the batch whole. The report's k_interleave
-      entry says which K and why (picasso_tf.runtime.micro_batch_planner).
+      entry says which K and why (picasso_tf.runtime.micro_batch_planner). With an
+      explicit K (from the embedding) the fused lookups' backward runs once per step on
+      their output gradients gathered from the micro-batches, which is faster but holds
+      the whole batch of those gradients; "auto", chosen for memory, keeps each
+      micro-batch's own lookup backward.
     interleave_from: where micro-batches start (paper Fig. 8): "embedding" (the
       default, Fig. 8b) splits the batch at the inputs, each micro-batch running the
       whole model; "mlp" (Fig. 8a) runs the fused lookups once on the whole batch and

@@ -384,6 +384,23 @@ def test_auto_picks_k_by_eq_2_and_trains_like_the_whole_batch():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_auto_keeps_each_micro_batchs_lookup_backward():
+    """K chosen for memory does not hold the whole batch's lookup output gradients: each
+    micro-batch differentiates its own copy of the fused lookups, and the step trains
+    like the whole batch."""
+    roomy, _ = _auto(2**40, stitching=False)
+    roomy.compile(optimizer="adagrad", loss="binary_crossentropy")
+    roomy.train_on_batch(*batches(1)[0])
+    model, data = _auto(int(_auto_plan(roomy)["per_sample_bytes"] * 8.5), stitching=False)
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    losses = [model.train_on_batch(x, y) for x, y in data]
+    assert _auto_plan(model)["chosen"] == 4
+    fused = len(model.picasso.program.lookups["training"])
+    assert _op_counts(model, ["PicassoPackedLookupGrad"]) == {"PicassoPackedLookupGrad": 4 * fused}
+    whole_losses, _, _ = train(1, "adagrad", data, stitching=False)
+    np.testing.assert_allclose(losses, whole_losses, rtol=1e-5)
+
+
 def test_auto_keeps_a_coupled_batch_whole_with_the_reason():
     model, data = _auto(1, build(batch_norm=True))
     model.compile(optimizer="adagrad", loss="binary_crossentropy")

@@ -21,7 +21,9 @@ pooled embeddings. Either way the fused lookups' backward runs once per step, fr
 their outputs' gradients gathered from the micro-batches: a table's row gradients
 need no summing across micro-batches, and a gradient kernel may update its tables in
 place as in a step without micro-batches. The price is the whole batch of those
-gradients, held until the last micro-batch's backward.
+gradients, held until the last micro-batch's backward: from the embedding,
+micro_batches="auto" (K chosen to fit a memory budget) does not pay it, and each
+micro-batch keeps its lookups' backward.
 """
 import copy
 
@@ -182,9 +184,9 @@ class LookupCopies:
     included; run_micro_batches stops each micro-batch's backward at the outputs of the
     copies find() gives and runs those lookups' backward once (_lookups_backward)."""
 
-    def __init__(self, lookup_nodes):
+    def __init__(self, lookup_nodes, gather=True):
         self.nodes = list(lookup_nodes)
-        self.gathered = None
+        self.gathered = None if gather else []
 
     def find(self, operations):
         """The copies among `operations` (one micro-batch's import of the forward pass)
@@ -275,7 +277,9 @@ def embedding_cut(forward, program, config):
     nodes = [r.node for r in program.lookups.get("training", [])]
     if not nodes:
         return None
-    return EmbeddingCut(forward, nodes) if config.interleave_from == "mlp" else LookupCopies(nodes)
+    if config.interleave_from == "mlp":
+        return EmbeddingCut(forward, nodes)
+    return LookupCopies(nodes, gather=config.micro_batches != "auto")
 
 
 def _present(graph_def, captures):
