@@ -112,7 +112,9 @@ def _candidate_groups(graph):
         unit = _unit(scope, body)
         if unit is not None:
             by_signature[unit.signature].append(unit)
-    groups = [units for units in by_signature.values() if len(units) > 1]
+    # A scope holding nothing but one inner scope has that scope's signature: not a group.
+    groups = [units for units in by_signature.values()
+              if len(units) > 1 and len({op.name for u in units for op in u.ops}) == sum(len(u.ops) for u in units)]
     return sorted(groups, key=lambda units: (units[0].scope.count("/"), -len(units)))
 
 
