@@ -63,12 +63,15 @@ def dense_packing(program, graph, config):
     kept = set(captured.output_tensors + captured.mask_tensors + captured.logit_tensors +
                ([captured.regularization_loss] if captured.regularization_loss else []))
     groups = _candidate_groups(scratch)
+    # The units are ops of the captured graph, which the groups packed before them only
+    # read: one order serves every group's independence check.
+    order = _topological(scratch)
     packed, left_alone = [], []
     claimed = set()
     for units in groups:
         if any(op.name in claimed for u in units for op in u.ops):
             continue
-        why = _why_not_packable(scratch, units)
+        why = _why_not_packable(order, units)
         if why is None:
             try:
                 with scratch.as_default(), tf.name_scope(f"picasso/dense_pack/{_short(units[0].scope)}/"):
@@ -150,8 +153,9 @@ def _attr_text(value):
     return hashlib.sha1(text).hexdigest() if len(text) > 64 else text
 
 
-def _why_not_packable(graph, units):
-    """None where the units can run as one vectorised computation, else why not."""
+def _why_not_packable(order, units):
+    """None where the units can run as one vectorised computation (`order`: the graph's
+    ops in topological order), else why not."""
     template = units[0]
     for op in template.ops:
         if op._is_stateful or op.type in _CONTROL_FLOW:      # noqa: SLF001
@@ -178,7 +182,7 @@ def _why_not_packable(graph, units):
                 return f"an op outside its unit waits on {op.name} (a control dependency)"
     # depends[op]: bit k set where op is computed from unit k's ops.
     depends = {}
-    for op in _topological(graph):
+    for op in order:
         bits = 0
         for t in op.inputs:
             bits |= depends.get(t.op.name, 0)
@@ -187,7 +191,7 @@ def _why_not_packable(graph, units):
         if op.name in members:
             bits |= 1 << members[op.name]
         depends[op.name] = bits
-    for k, u in enumerate(units):
+    for u in units:
         for t in u.inputs:
             if depends.get(t.op.name, 0):
                 return (f"unit {u.scope} takes {t.name}, which is computed from a unit of the group "
@@ -280,7 +284,9 @@ def _fold_static(graph, ops):
         else:
             continue
         static.add(op)
-    boundary = [t for op in static if op.type != "Const" for t in op.outputs
+    # In creation order: the constants' names must not depend on set order (every rank
+    # builds the same graph).
+    boundary = [t for op in ops if op in static and op.type != "Const" for t in op.outputs
                 if any(c not in static for c in t.consumers())]
     if not boundary:
         return {}
