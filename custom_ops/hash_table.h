@@ -244,6 +244,16 @@ class Table {
         });
   }
 
+  // counts[i] = the access count of keys[i], 0 when missing (an admission filter reads
+  // how often a key not yet given a row was seen). Reads only.
+  void Counts(const int64_t* keys, int64_t n, int64_t* counts, const ParallelFor* pf) const {
+    const_cast<Table*>(this)->ByPartition(
+        keys, n, pf, [&](Partition& part, int64_t i, int64_t key, uint64_t h) {
+          char* row = part.Find(key, h);
+          counts[i] = row ? Header(row)->count : 0;
+        });
+  }
+
   // The rows of keys (each present and at most once), for an update that writes
   // them; on an error nothing has been written (stamps aside, which only this
   // function reads) and the error names the first offending position.

@@ -91,6 +91,16 @@ REGISTER_OP("PicassoHashTableLookup")
     .SetIsStateful()
     .SetShapeFn(RowsShape);
 
+REGISTER_OP("PicassoHashTableCounts")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("counts: int64")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return OkStatus();
+    });
+
 REGISTER_OP("PicassoHashTableApplySgd")
     .Input("table: resource")
     .Input("keys: int64")
@@ -325,6 +335,23 @@ class LookupOp : public TableOp {
   int64_t dim_;
 };
 
+class CountsOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<HashTableResource> resource;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &resource));
+    const Tensor& keys = ctx->input(1);
+    Tensor* counts = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &counts));
+    const ParallelFor pool = PoolOf(ctx);
+    std::shared_lock<std::shared_mutex> lock(resource->table().mutex());
+    resource->table().Counts(keys.flat<int64_t>().data(), keys.NumElements(),
+                             counts->flat<int64_t>().data(), &pool);
+  }
+};
+
 // Shared by the updates: checks the inputs, finds every key's row (present, unique),
 // then lets apply(rows, grads, pool) write them.
 class ApplyOp : public TableOp {
@@ -502,6 +529,7 @@ class SizeOp : public TableOp {
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableCreate").Device(DEVICE_CPU), CreateOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableFindOrInsert").Device(DEVICE_CPU), FindOrInsertOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableLookup").Device(DEVICE_CPU), LookupOp);
+REGISTER_KERNEL_BUILDER(Name("PicassoHashTableCounts").Device(DEVICE_CPU), CountsOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplySgd").Device(DEVICE_CPU), ApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplyAdagrad").Device(DEVICE_CPU), ApplyAdagradOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableExport").Device(DEVICE_CPU), ExportOp);

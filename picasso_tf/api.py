@@ -29,6 +29,7 @@ from picasso_tf.config import Config
 from picasso_tf.distributed.exchange import RowExchange
 from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
                                           take_same_number_of_batches)
+from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables
 from picasso_tf.embedding.hybrid_hash import HashRowFetch, HybridHashTables, LookedUpIds
 from picasso_tf.embedding.lookahead import LookaheadRefresh, PeekedDataset
 from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer
@@ -68,6 +69,10 @@ def optimize(target=None, *, example_inputs=None, warmup_data=None, **options):
         return build
     raise TypeError(f"picasso_tf.optimize takes a keras.Model, a keras.Model subclass or a function "
                     f"building one; got {type(target).__name__}")
+
+
+# The storage kinds whose rows a process fetches from its own hash tables each step.
+HASHED_IN_PROCESS = (HybridHashTables.kind, DynamicVocabularyTables.kind)
 
 
 class PicassoInfo:
@@ -126,7 +131,7 @@ class PicassoInfo:
         """Refuses a Keras optimizer that some storage cannot apply, before training
         (the first training step refuses it too). PicassoModel does not override
         compile() to call this: Keras would then skip compiling a model it loads."""
-        hashed = [s for s in self.storages.values() if s.kind == HybridHashTables.kind]
+        hashed = [s for s in self.storages.values() if s.kind in HASHED_IN_PROCESS]
         if hashed:
             rows_optimizer = RowSparseOptimizer.from_keras(optimizer, lazy=self.config.lazy_optimizer)
             for storage in hashed:
@@ -135,9 +140,22 @@ class PicassoInfo:
     def export(self, directory):
         """Writes a SavedModel of the original model with the trained weights, which
         stock TensorFlow loads and serves without picasso_tf (picasso_tf.export)."""
+        dynamic = [s.name for s in self.storages.values() if s.kind == DynamicVocabularyTables.kind]
+        if dynamic:
+            raise UnsupportedModelError(
+                f"picasso_tf: cannot export: groups {dynamic} were trained with dynamic vocabularies, keyed by raw "
+                "id, while the original model looks its hash bins up in its own (untrained) tables. Export the "
+                "trained keys and rows with model.picasso.vocabulary()")
         with self.whole_tables():
             export_saved_model(self.original, directory)
 
+    def vocabulary(self):
+        """{logical table name: (keys, rows)} of the dynamic-vocabulary tables (NumPy,
+        keys increasing): what they trained, keyed by raw id."""
+        return {name: table for s in self.storages.values() if s.kind == DynamicVocabularyTables.kind
+                for name, table in s.vocabulary().items()}
+
+    def report(self):
     def report(self):
         """A readable summary of what was rewritten."""
         lines = []
@@ -227,14 +245,14 @@ class PicassoModel(tf.keras.Model):
         program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
         if world.distributed:
             check_same_on_every_rank(program.fingerprint(), "rewritten graphs")
-        storages = {name: make_storage(program.layout(name), world, self.picasso.config)
+        storages = {name: make_storage(program.layout(name), world, self.picasso.config, self._initializer_of)
                     for name in program.storage_refs()}
         self.picasso.program, self.picasso.storages = program, storages
         check_ids = self.picasso.config.check_ids
         kinds = {t.name: t.kind for t in program.tables or ()}
         exchanged = [storages[n] for n, k in kinds.items()
                      if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)]
-        hashed = [storages[n] for n, k in kinds.items() if k == HybridHashTables.kind]
+        hashed = [storages[n] for n, k in kinds.items() if k in HASHED_IN_PROCESS]
         fetch = {training: RowExchange(exchanged, world, check_ids, training) if exchanged else
                  HashRowFetch(hashed, training, check_ids) if hashed else None for training in (True, False)}
         self._forward = {training: RewrittenForward(program.graphs[name], storages, fetch[training])
@@ -245,6 +263,16 @@ class PicassoModel(tf.keras.Model):
         self._densely_read = [v for v in analysis.tables.values() if analysis.densely_read(v)] + [
             v for s in storages.values() if s.layout.densely_read for v in s.variables()]
         self._step = self._looked_up_ids = None
+
+    def _initializer_of(self, variable):
+        """The Keras initializer of the Embedding layer owning table `variable`."""
+        for layer in self.original._flatten_layers(include_self=False):
+            if getattr(layer, "embeddings", None) is variable and hasattr(layer, "embeddings_initializer"):
+                return layer.embeddings_initializer
+        raise UnsupportedModelError(
+            f"picasso_tf: dynamic_vocabulary: table {variable.name} is not a Keras Embedding layer's, so the "
+            "distribution of its new keys' rows is unknown; use tf.keras.layers.Embedding for it, or leave its "
+            "feature out of dynamic_vocabulary")
 
     def _training_step(self):
         """Made at the first training step, once the optimizer is known."""
@@ -266,9 +294,10 @@ class PicassoModel(tf.keras.Model):
                 # every slot, the fused updates' too, sits where the plain model's has it.
                 optimizer.build(self.original.trainable_variables)
         fused, note = make_fused_update(optimizer, storages, self.picasso.config)
-        hashed = [s for s in storages if s.kind == HybridHashTables.kind]
+        hashed = [s for s in storages if s.kind in HASHED_IN_PROCESS]
         if hashed and fused is None:
-            raise UnsupportedModelError(f"picasso_tf: hybrid_hash=True needs the fused row-sparse updates, and {note}")
+            option = "hybrid_hash=True" if any(s.kind == HybridHashTables.kind for s in hashed) else "dynamic_vocabulary"
+            raise UnsupportedModelError(f"picasso_tf: {option} needs the fused row-sparse updates, and {note}")
         for storage in hashed:
             storage.bind(fused.optimizer)
         note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
@@ -333,9 +362,10 @@ class PicassoModel(tf.keras.Model):
                                        (x, y, sample_weight), k,
                                        embedding_cut(self._forward[True], self.picasso.program, self.picasso.config))
             return self.compute_metrics(x, y, y_pred, sample_weight)
+        step = self._training_step()     # first: it binds the storage to the optimizer the forward pass reads
         y_pred = self(x, training=True)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
-        updated = self._training_step().run(self.optimizer, loss)
+        updated = step.run(self.optimizer, loss)
         self.picasso.updated_in_gradient = [v.name for v in updated]
         logs = self.compute_metrics(x, y, y_pred, sample_weight)
         fetch = self._forward[True].fetch

@@ -71,6 +71,24 @@ class Config:
       fit refuses input that is not a tf.data.Dataset.
     hot_lookahead_batches: how many batches ahead a lookahead refresh reads; None (the
       default): hot_refresh_every, the batches until the next refresh.
+    dynamic_vocabulary: where the model hashes raw ids into a fixed number of bins right
+      before an embedding (Keras Hashing, tf.strings.to_hash_bucket*, a modulo by a
+      constant), key the table by the raw id instead: no collisions, a row only for the
+      ids seen (picasso_tf.passes.dynamic_vocabulary). True: every such feature; a list
+      of feature names: those. This trains a different model from the one written (the
+      report says so); the trained tables are hash tables, exported by
+      model.picasso.vocabulary(), not the model's variables. Off by default.
+    vocabulary_capacity: keys a dynamic-vocabulary table may hold (None: no bound).
+      Beyond it the keys ranked last by `eviction` go (picasso_tf.embedding.
+      dynamic_vocabulary); a batch with more distinct ids of a table than this is an error.
+    admit_after: a dynamic-vocabulary key gets a row once looked up this many times (1:
+      at once); until then it reads zeros and its gradient is dropped.
+    admission_filter: how admit_after counts the keys without a row: "exact" (a hash
+      table of counts) or "bloom" (a counting Bloom filter of bloom_filter_counters
+      int32 counters: fixed memory, may admit a key early, never late).
+    eviction: which keys leave a full dynamic-vocabulary table: "lfu" (looked up least)
+      or "ttl" (not looked up in the last steps_to_live steps first; those also go every
+      steps_to_live steps whatever the size).
     replicate_tables_below: under Horovod with several ranks, a packed group with fewer
       bytes than this stays whole on every rank (its gradient joins the dense Allreduce)
       instead of being sharded. The exchange costs each step a fixed amount of CPU (three
@@ -149,6 +167,13 @@ class Config:
     hot_refresh_every: int = 100
     hot_refresh: str = "counts"
     hot_lookahead_batches: Optional[int] = None
+    dynamic_vocabulary: Union[bool, Tuple[str, ...]] = False
+    vocabulary_capacity: Optional[int] = None
+    admit_after: int = 1
+    admission_filter: str = "exact"
+    bloom_filter_counters: int = 1 << 20
+    eviction: str = "lfu"
+    steps_to_live: Optional[int] = None
     distribute: bool = True
     replicate_tables_below: int = 16 << 20
     interleaving: bool = True
@@ -191,12 +216,38 @@ class Config:
                 isinstance(self.hot_lookahead_batches, int) and self.hot_lookahead_batches >= 1):
             raise ValueError(f"hot_lookahead_batches must be a number of batches >= 1 or None (hot_refresh_every), "
                              f"got {self.hot_lookahead_batches!r}")
+        self._check_vocabulary_options()
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
         if not 0.0 <= self.projection_max_distinct <= 1.0:
             raise ValueError(f"projection_max_distinct is a share of ids, in [0, 1]; got {self.projection_max_distinct}")
         if self.warmup_batches < 0:
             raise ValueError(f"warmup_batches must be >= 0, got {self.warmup_batches}")
+
+    def _check_vocabulary_options(self):
+        if isinstance(self.dynamic_vocabulary, int) and not isinstance(self.dynamic_vocabulary, bool):
+            self.dynamic_vocabulary = bool(self.dynamic_vocabulary)     # PICASSO_DYNAMIC_VOCABULARY=1
+        elif isinstance(self.dynamic_vocabulary, str):
+            self.dynamic_vocabulary = tuple(f for f in self.dynamic_vocabulary.split(",") if f)
+        if not isinstance(self.dynamic_vocabulary, bool):
+            if not all(isinstance(f, str) for f in self.dynamic_vocabulary):
+                raise ValueError(f"dynamic_vocabulary must be True, False or a list of feature names, got "
+                                 f"{self.dynamic_vocabulary!r}")
+            self.dynamic_vocabulary = tuple(self.dynamic_vocabulary)
+        if self.vocabulary_capacity is not None and self.vocabulary_capacity < 1:
+            raise ValueError(f"vocabulary_capacity is a number of keys >= 1 or None, got {self.vocabulary_capacity}")
+        if self.admit_after < 1:
+            raise ValueError(f"admit_after is a number of lookups >= 1, got {self.admit_after}")
+        if self.admission_filter not in ("exact", "bloom") or self.bloom_filter_counters < 1:
+            raise ValueError(f"admission_filter must be 'exact' or 'bloom' with bloom_filter_counters >= 1; got "
+                             f"{self.admission_filter!r} and {self.bloom_filter_counters}")
+        if self.eviction not in ("lfu", "ttl"):
+            raise ValueError(f"eviction must be 'lfu' (the keys looked up least go) or 'ttl' (the keys not looked up "
+                             f"in steps_to_live steps go first); got {self.eviction!r}")
+        if (self.eviction == "ttl") != (self.steps_to_live is not None) or (
+                self.steps_to_live is not None and self.steps_to_live < 1):
+            raise ValueError(f"eviction='ttl' takes steps_to_live, a number of steps >= 1 (and only it does); got "
+                             f"eviction={self.eviction!r}, steps_to_live={self.steps_to_live!r}")
 
     @classmethod
     def from_options(cls, **options):

@@ -85,6 +85,15 @@ class HybridHashTables(EmbeddingStorage):
     def _held(self, member):
         return np.arange(self.world.rank, member.rows, self.world.size, dtype=np.int64)
 
+    def fetch(self, requests, training, check_ids):
+        """What the requests ([(ExchangedIds, ids)] of this group) look up: (the rows of
+        their distinct keys, each request's positions among them, those keys, how many
+        of them were hot or None)."""
+        keys, sizes = keys_of(self.layout, requests, 0, check_ids)
+        unique, index = tf.unique(keys)
+        rows, hits = self.rows(unique, training)
+        return rows, positions_of(requests, index, sizes), unique, hits
+
     def rows(self, keys, training):
         """(The rows of the distinct `keys`, how many were hot): hot ones from the hot
         tier, the others from the table. In training every lookup is counted (Algorithm
@@ -113,19 +122,7 @@ class HybridHashTables(EmbeddingStorage):
 
     def check(self, optimizer):
         """Refuses by name an optimizer (a RowSparseOptimizer) the hash table cannot apply."""
-        with tf.init_scope():
-            update = self._update(optimizer, tf.constant(0, tf.int64))
-        keras_name = type(optimizer.optimizer).__name__
-        if update.optimizer not in HASH_UPDATES or (update.optimizer == "sgd" and optimizer.slot_names):
-            raise UnsupportedModelError(
-                f"picasso_tf: hybrid_hash=True stores group {self.name} in a hash table, which is updated by SGD "
-                f"without momentum or Adagrad only; the model is compiled with {keras_name}. Compile with one of "
-                "those, or optimize(..., hybrid_hash=False)")
-        if not _is_zero(update.hyper.get("weight_decay", 0.0)):
-            raise UnsupportedModelError(
-                f"picasso_tf: hybrid_hash=True: the {keras_name} optimizer decays weights "
-                f"(weight_decay={optimizer.optimizer.weight_decay}), which the hash table's updates do not; set "
-                "weight_decay=None, exclude the embeddings from it, or optimize(..., hybrid_hash=False)")
+        check_hash_optimizer(optimizer, self.layout, "hybrid_hash=True")
 
     def bind(self, optimizer):
         """Ties the table's slots to `optimizer` (a RowSparseOptimizer) before a
@@ -154,12 +151,8 @@ class HybridHashTables(EmbeddingStorage):
                                            iteration))
             miss = tf.logical_not(hit)
             cold_keys, cold_grads = tf.boolean_mask(keys, miss), tf.boolean_mask(row_grads, miss)
-        update = self._update(self.optimizer, iteration)
-        if update.optimizer == "sgd":
-            applied.append(self.table.apply_sgd(cold_keys, cold_grads, update.hyper["lr"]))
-        else:
-            applied.append(self.table.apply_adagrad(cold_keys, cold_grads, update.hyper["lr"],
-                                                    update.hyper["epsilon"]))
+        applied.append(apply_to_table(self.table, table_update(self.optimizer, self.layout, iteration),
+                                      cold_keys, cold_grads))
         with tf.control_dependencies(applied):
             counted = self.updates.assign_add(1)
         if self.hot is None or not self.scheduled_refresh:
@@ -172,11 +165,6 @@ class HybridHashTables(EmbeddingStorage):
         slots = {"accumulator": self.hot.slot} if self.optimizer.slot_names else {}
         update = self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False)
         return sparse_apply.apply(self.hot.rows, positions, row_grads, update, lazy=True)
-
-    def _update(self, optimizer, iteration):
-        # The update's hyper-parameters, as the fused updates compute them (its slots: placeholders).
-        return optimizer.update(self.layout.members[0].variable, {s: None for s in optimizer.slot_names}, iteration,
-                                apply_weight_decay=optimizer.applies_weight_decay_to(self.layout.members[0].variable))
 
     def _current(self):
         """Every key's (values, slot, counts, last steps), keys increasing: the table's,
@@ -381,7 +369,7 @@ class FetchedRowsLog:
         """`rows` of the distinct `keys` of `storage`, `hits` of them hot (None: no hot tier)."""
         self._fetched.append((storage, keys, rows))
         if hits is not None:
-            self._hits.append((hits, tf.size(keys, out_type=tf.int64)))
+            self._hits.append((hits, tf.size(keys, out_type=tf.int64)))   # keys: one per row
 
     def take(self):
         """[(storage, distinct keys, their rows)] fetched for the training step being traced."""
@@ -417,12 +405,11 @@ class HashRowFetch:
             if not own:
                 rows[storage.name] = tf.zeros([0, storage.layout.dim], storage.layout.dtype)
                 continue
-            keys, sizes = keys_of(storage.layout, [requests[i] for i in own], 0, self.check_ids)
-            unique, index = tf.unique(keys)
-            rows[storage.name], hits = storage.rows(unique, self.training)
+            rows[storage.name], own_positions, keys, hits = storage.fetch(
+                [requests[i] for i in own], self.training, self.check_ids)
             if self.training:
-                self.log.record(storage, unique, rows[storage.name], hits)
-            for i, p in zip(own, positions_of([requests[i] for i in own], index, sizes)):
+                self.log.record(storage, keys, rows[storage.name], hits)
+            for i, p in zip(own, own_positions):
                 positions[i] = p
         return rows, positions
 
@@ -445,8 +432,8 @@ class LookedUpIds:
         for storage in self.storages:
             rows[storage.name] = tf.zeros([0, storage.layout.dim], storage.layout.dtype)
             own = [r for r in requests if r[0].group == storage.name]
-            if not own:
-                continue
+            if not own or storage.kind != HybridHashTables.kind:
+                continue        # a dynamic vocabulary has no hot tier to choose
             keys = tf.unique(keys_of(storage.layout, own, 0, self.check_ids)[0])[0]
             member = table_number(keys)
             for m in sorted({x.member for x, _ in own}):
@@ -455,9 +442,42 @@ class LookedUpIds:
 
 
 def _of_this_graph(records):
-    """The records (tuples holding tensors) made in the graph being built."""
+    """The records (tuples whose last item is a tensor) made in the graph being built."""
     graph = tf.compat.v1.get_default_graph()
-    return [r for r in records if r[1].graph is graph]
+    return [r for r in records if r[-1].graph is graph]
+
+
+def check_hash_optimizer(optimizer, layout, option):
+    """Refuses by name an optimizer (a RowSparseOptimizer) whose updates the hash table's
+    ops do not implement, for the group `layout` kept in hash tables by `option`."""
+    with tf.init_scope():
+        update = table_update(optimizer, layout, tf.constant(0, tf.int64))
+    keras_name = type(optimizer.optimizer).__name__
+    if update.optimizer not in HASH_UPDATES or (update.optimizer == "sgd" and optimizer.slot_names):
+        raise UnsupportedModelError(
+            f"picasso_tf: {option} stores group {layout.name} in hash tables, which are updated by SGD "
+            f"without momentum or Adagrad only; the model is compiled with {keras_name}. Compile with one of "
+            f"those, or turn {option.split('=')[0]} off")
+    if not _is_zero(update.hyper.get("weight_decay", 0.0)):
+        raise UnsupportedModelError(
+            f"picasso_tf: {option}: the {keras_name} optimizer decays weights "
+            f"(weight_decay={optimizer.optimizer.weight_decay}), which the hash table's updates do not; set "
+            f"weight_decay=None, exclude the embeddings from it, or turn {option.split('=')[0]} off")
+
+
+def table_update(optimizer, layout, iteration):
+    """The sparse_apply.Update a group's hash tables apply at `iteration`: its
+    hyper-parameters as the fused updates compute them (its slots: placeholders)."""
+    variable = layout.members[0].variable
+    return optimizer.update(variable, {s: None for s in optimizer.slot_names}, iteration,
+                            apply_weight_decay=optimizer.applies_weight_decay_to(variable))
+
+
+def apply_to_table(table, update, keys, grads):
+    """Applies `update` (SGD or Adagrad, check_hash_optimizer) to the rows of the unique `keys` of `table`."""
+    if update.optimizer == "sgd":
+        return table.apply_sgd(keys, grads, update.hyper["lr"])
+    return table.apply_adagrad(keys, grads, update.hyper["lr"], update.hyper["epsilon"])
 
 
 def _is_zero(value):

@@ -98,9 +98,11 @@ class TablesInPlace(EmbeddingStorage):
         pass
 
 
-def make_storage(layout, world, config):
+def make_storage(layout, world, config, initializer_of=None):
     """The storage of a TableLayout, of the kind the passes chose, for this rank of
-    `world`, with the options of `config` (a picasso_tf.Config)."""
+    `world`, with the options of `config` (a picasso_tf.Config); `initializer_of(variable)`:
+    the Keras initializer of a table's layer, for kinds that make new rows."""
+    from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables, VocabularyOptions
     from picasso_tf.embedding.hybrid_hash import HybridHashTables   # they build on this module
     from picasso_tf.embedding.sharded import RowShardedTables
     if layout.kind == TablesInPlace.kind:
@@ -110,5 +112,9 @@ def make_storage(layout, world, config):
     if layout.kind in (HybridHashTables.kind, HybridHashTables.sharded_kind):
         return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every, world,
                                 config.hot_refresh)
-    kinds = [TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind, HybridHashTables.sharded_kind]
+    if layout.kind == DynamicVocabularyTables.kind:
+        return DynamicVocabularyTables(layout, [initializer_of(m.variable) for m in layout.members],
+                                       VocabularyOptions.from_config(config))
+    kinds = [TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind, HybridHashTables.sharded_kind,
+             DynamicVocabularyTables.kind]
     raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; the kinds are {kinds}")

@@ -26,7 +26,7 @@ from picasso_tf.ops.library import load
 
 for _op in ("PicassoHashTableCreate", "PicassoHashTableFindOrInsert", "PicassoHashTableLookup",
             "PicassoHashTableApplySgd", "PicassoHashTableApplyAdagrad", "PicassoHashTableExport",
-            "PicassoHashTableImport", "PicassoHashTableSize"):
+            "PicassoHashTableImport", "PicassoHashTableSize", "PicassoHashTableCounts"):
     tf.no_gradient(_op)  # the table is updated by apply_*, not through the tape
 
 Exported = collections.namedtuple("Exported", ["keys", "values", "slots", "counts", "last_steps"])
@@ -83,12 +83,27 @@ class HashTable:
             with _names_lock:
                 name = f"picasso_hash_table_{next(_names)}"
         self.name = name
+        self._attrs = dict(dim=self.dim, num_slots=self.num_slots, initializer=kind, init_a=a, init_b=b,
+                           seed=self.seed, slot_init=float(slot_init), num_partitions=int(num_partitions),
+                           initial_capacity=int(initial_capacity))
         with tf.init_scope():  # a handle that outlives any tf.function being traced
-            self.handle = load().picasso_hash_table_create(
-                dim=self.dim, num_slots=self.num_slots, initializer=kind, init_a=a, init_b=b,
-                seed=self.seed, slot_init=float(slot_init), num_partitions=int(num_partitions),
-                initial_capacity=int(initial_capacity), shared_name=name)
+            self.handle = load().picasso_hash_table_create(**self._attrs, shared_name=name)
             self._eager = tf.executing_eagerly()
+
+    @property
+    def slot_init(self):
+        return self._attrs["slot_init"]
+
+    def set_slot_init(self, slot_init):
+        """New keys' slots start at `slot_init` from now on (an optimizer known only after
+        the table was made); the keys held keep theirs. The table is made again under
+        its name, so that the handles functions already captured reach the new one."""
+        with tf.init_scope():
+            held = self.export()
+            tf.raw_ops.DestroyResourceOp(resource=self.handle, ignore_lookup_error=False)
+            self._attrs["slot_init"] = float(slot_init)
+            self.handle = load().picasso_hash_table_create(**self._attrs, shared_name=self.name)
+            self.import_(*held)
 
     def __del__(self):
         # Frees the rows when the last Python reference goes (tables are large).
@@ -111,6 +126,10 @@ class HashTable:
         """(rows, found) for serving and evaluation: nothing is inserted or counted;
         a missing key's row is zeros and found False."""
         return load().picasso_hash_table_lookup(self.handle, tf.cast(keys, tf.int64), dim=self.dim)
+
+    def counts(self, keys):
+        """Each key's access count (0 when missing); nothing is inserted or counted."""
+        return load().picasso_hash_table_counts(self.handle, tf.cast(keys, tf.int64))
 
     def apply_sgd(self, keys, grads, lr):
         """``value -= lr * grad`` for unique ``keys`` [U] in the table, ``grads`` [U, dim]."""

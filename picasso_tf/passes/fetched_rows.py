@@ -53,10 +53,12 @@ def why_read_in_place(layout, read, index):
     return None
 
 
-def fetch_rows_per_step(program, graph, groups, reads, kind):
+def fetch_rows_per_step(program, graph, groups, reads, kind, positions_bound=None):
     """`program` with graph `graph` rewritten so that the groups `groups` (name ->
     TableLayout, each read by the ReadTables node `reads[name]`) are fetched per step,
-    and their layouts' storage kind `kind`; and the number of fused lookups rewritten."""
+    and their layouts' storage kind `kind`; and the number of fused lookups rewritten.
+    A site's positions are checked against `positions_bound` (None: its group's rows,
+    which a fetch keyed by row id never exceeds) and the rows fetched."""
     captured = program.graphs[graph]
     graph_def = graph_pb2.GraphDef()
     graph_def.CopyFrom(captured.graph_def)
@@ -83,7 +85,7 @@ def fetch_rows_per_step(program, graph, groups, reads, kind):
             placeholder = _placeholder(graph_def, f"picasso/fetched/{group}/ids", node.attr["Tid"].type, None)
             captures[placeholder] = ExchangedIds(group, member, ids, names[i])
             node.input[num_tables + i] = placeholder
-            vocab[i] = groups[group].num_rows
+            vocab[i] = positions_bound or groups[group].num_rows
         for t in range(num_tables):
             if tables[t] in member_of:
                 node.input[t] = rows[member_of[tables[t]][0]]

@@ -31,6 +31,8 @@ def hybrid_hash(program, graph, config):
     reads = table_reads(captured, index)
     hashed, in_place = {}, {}
     for layout in program.tables or ():
+        if layout.kind not in ("tables", KIND):
+            continue        # another pass chose its storage (dynamic_vocabulary)
         why = why_read_in_place(layout, reads.get(layout.name), index)
         if why:
             in_place[layout.name] = why

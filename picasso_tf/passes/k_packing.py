@@ -24,8 +24,10 @@ from picasso_tf.passes.stitching import find_stitches
 from picasso_tf.program import LookupRecord, StorageRef, TableLayout, TableMember
 
 # Ops that pass ids through unchanged in meaning, followed back to name a site's feature.
+# Ops between a model input and the ids a site looks up (hashed ids too are their input's feature).
 _ID_PASSTHROUGH = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StridedSlice", "Unique",
-                   "SparseFillEmptyRows", "SparseReshape"}
+                   "SparseFillEmptyRows", "SparseReshape", "AsString", "StringToHashBucketFast",
+                   "StringToHashBucketStrong", "StringToHashBucket", "FloorMod"}
 
 
 def k_packing(program, graph, config):

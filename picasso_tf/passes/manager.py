@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from picasso_tf.passes.d_packing import d_packing
 from picasso_tf.passes.dense_packing import dense_packing
+from picasso_tf.passes.dynamic_vocabulary import dynamic_vocabulary
 from picasso_tf.passes.interactions import interactions
 from picasso_tf.passes.k_packing import k_packing
 from picasso_tf.passes.distribute import distribute
@@ -22,7 +23,7 @@ from picasso_tf.program import StorageRef
 # In the order they run (ARCHITECTURE.md §2).
 PASSES = (("d_packing", d_packing), ("k_packing", k_packing), ("interactions", interactions),
           ("dense_packing", dense_packing),
-          ("hybrid_hash", hybrid_hash), ("distribute", distribute), ("k_interleave", k_interleave))
+          ("dynamic_vocabulary", dynamic_vocabulary), ("hybrid_hash", hybrid_hash), ("distribute", distribute), ("k_interleave", k_interleave))
 
 
 class PassCreatedStateError(RuntimeError):

@@ -193,7 +193,7 @@ class TrainingStep:
                 pairs.append((grad, var))
         fused = self.fused.handles if self.fused is not None else (lambda var: False)
         return Gradients(tables=[(g, v) for g, v in pairs if fused(v)], dense=[(g, v) for g, v in pairs if not fused(v)],
-                         fetched=[(storage, keys, _per_key(g, keys, rows))
+                         fetched=[(storage, keys, _per_key(g, rows))
                                   for (storage, keys, rows), g in zip(fetched, fetched_grads)],
                          updated_in_gradient=in_gradient.variables if in_gradient else [],
                          update_ops=in_gradient.ops if in_gradient else [])
@@ -277,11 +277,11 @@ def _sum(grads):
     return tf.add_n([tf.convert_to_tensor(g) for g in grads])
 
 
-def _per_key(grad, keys, rows):
-    """The gradient of fetched rows as one summed row per key ([keys, dim]); zeros for
+def _per_key(grad, rows):
+    """The gradient of fetched rows (one per key) as one summed row per key; zeros for
     rows the loss does not reach."""
     if grad is None:
         return tf.zeros_like(rows)
     if isinstance(grad, tf.IndexedSlices):
-        return tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.size(keys))
+        return tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(rows)[0])
     return grad

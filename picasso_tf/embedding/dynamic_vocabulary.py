@@ -1,0 +1,311 @@
+"""The storage of dynamic vocabularies (kind "dynamic_vocabulary", the pass
+picasso_tf.passes.dynamic_vocabulary): one hash table (picasso_tf.ops.hybrid_hash) per
+member table of a group, keyed by the raw id, holding a row only for the ids seen.
+
+A new key's row is drawn from the original layer's initializer, seeded by the key and
+the table's name (a run does not depend on the order keys arrive in, and two features
+do not start with the same row for the same id); its Adagrad accumulator starts at the
+optimizer's initial value. Each step fetches the rows of the batch's distinct keys per
+table (inserting the new ones, counting every lookup and noting the step), the lookups
+read those, and ``apply_fetched`` updates them with the hash table's own optimizer ops
+(SGD without momentum, Adagrad). Serving and evaluation insert nothing: an unknown key's
+row is zeros.
+
+Options (VocabularyOptions, from picasso_tf.Config):
+  capacity        keys a table may hold. A batch with more distinct ids of a table is an
+                  error before anything changes. When a step leaves a table holding more,
+                  it evicts down to 9/10 of the capacity (so that the whole-table pass an
+                  eviction costs runs once per tenth of the capacity in new keys, not
+                  every step): by eviction "lfu", the keys looked up least (ties: the
+                  least recently, then the smallest key); by "ttl", first the keys not
+                  looked up in the last steps_to_live steps, which also go every
+                  steps_to_live steps whatever the size.
+  admit_after     a key gets a row once it has been looked up this many times (each
+                  occurrence counts); until then its lookups read zeros and its gradient is
+                  dropped. The counts of keys without a row are kept exactly (a hash table
+                  of counts, bounded by the capacity too, where keys that have a row go
+                  first) or by a counting Bloom filter of fixed size, which never
+                  undercounts (a key may be admitted early, never late).
+
+Checkpoints hold every table's keys, rows, slots, counts and last steps (and the
+admission counts) under "picasso_vocabulary/<table>"; a restore into a smaller capacity
+evicts as a step would, down to the capacity. The model's own variables keep the rows of
+its hash bins, untrained: ``vocabulary()`` exports what was trained.
+"""
+import dataclasses
+import zlib
+from typing import Optional
+
+import tensorflow as tf
+
+from picasso_tf.embedding.hybrid_hash import apply_to_table, check_hash_optimizer, table_update
+from picasso_tf.embedding.row_keys import positions_of
+from picasso_tf.embedding.storage import EmbeddingStorage
+from picasso_tf.ops.hybrid_hash import HashTable
+
+KEEP_AFTER_EVICTION = 0.9       # of the capacity
+BLOOM_HASHES = 3
+KERAS_ADAGRAD_ACCUMULATOR = 0.1     # initial_accumulator_value's default
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabularyOptions:
+    capacity: Optional[int] = None
+    admit_after: int = 1
+    admission_filter: str = "exact"
+    bloom_counters: int = 1 << 20
+    eviction: str = "lfu"
+    steps_to_live: Optional[int] = None
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(config.vocabulary_capacity, config.admit_after, config.admission_filter,
+                   config.bloom_filter_counters, config.eviction, config.steps_to_live)
+
+
+class DynamicVocabularyTables(EmbeddingStorage):
+
+    kind = "dynamic_vocabulary"
+
+    def __init__(self, layout, initializers, options=VocabularyOptions()):
+        """initializers: per member, the Keras initializer of its layer."""
+        super().__init__(layout)
+        self.options = options
+        self.optimizer = None       # the RowSparseOptimizer it was bound to
+        capacity = min(options.capacity or 1024, 1 << 20)
+        self.tables = [HashTable(layout.dim, num_slots=1, initializer=init, seed=_seed(init, m.name),
+                                 slot_init=KERAS_ADAGRAD_ACCUMULATOR, initial_capacity=capacity)
+                       for m, init in zip(layout.members, initializers)]
+        self.filters = [_admission_filter(options, m.name) for m in layout.members]
+        self._checkpointed = {}
+        for i, m in enumerate(layout.members):
+            self._checkpointed[f"picasso_vocabulary/{m.name}"] = VocabularyState(self, i)
+            if isinstance(self.filters[i], BloomCounts):
+                self._checkpointed[f"picasso_admission/{m.name}"] = self.filters[i].counters
+
+    def kernel_inputs(self):
+        return []       # every lookup of the group reads the rows fetched per step
+
+    def variables(self):
+        return []
+
+    def check(self, optimizer):
+        check_hash_optimizer(optimizer, self.layout, "dynamic_vocabulary")
+
+    def bind(self, optimizer):
+        """Ties the tables to `optimizer` (a RowSparseOptimizer) before a training step
+        is traced: new keys' accumulators start at its initial value."""
+        if optimizer is self.optimizer:
+            return
+        self.check(optimizer)
+        self.optimizer = optimizer
+        initial = float(getattr(optimizer.optimizer, "initial_accumulator_value", KERAS_ADAGRAD_ACCUMULATOR))
+        for table in self.tables:
+            if table.slot_init != initial:
+                table.set_slot_init(initial)
+
+    def fetch(self, requests, training, check_ids):
+        """What the requests ([(ExchangedIds, raw keys)] of this group) look up: (the rows
+        of their distinct keys per table, each request's positions among them, those keys
+        as [member, key, admitted] rows, None: no hot tier). `check_ids` does not apply:
+        any int64 is a key."""
+        rows, positions, keys, first = [], [None] * len(requests), [], 0
+        for m in sorted({x.member for x, _ in requests}):
+            own = [i for i, (x, _) in enumerate(requests) if x.member == m]
+            flat = [tf.reshape(tf.cast(requests[i][1], tf.int64), [-1]) for i in own]
+            unique, index, counts = tf.unique_with_counts(tf.concat(flat, 0))
+            if training:
+                member_rows, admitted = self._find_or_admit(m, unique, counts, [requests[i][0].feature for i in own])
+            else:
+                member_rows, admitted = self.tables[m].lookup(unique)[0], tf.ones_like(unique, tf.bool)
+            parts = positions_of([requests[i] for i in own], index + first, [tf.size(f) for f in flat])
+            for i, p in zip(own, parts):
+                positions[i] = p
+            first += tf.size(unique)
+            rows.append(member_rows)
+            keys.append(tf.stack([tf.fill(tf.shape(unique), tf.constant(m, tf.int64)), unique,
+                                  tf.cast(admitted, tf.int64)], 1))
+        return tf.concat(rows, 0), positions, tf.concat(keys, 0), None
+
+    def _find_or_admit(self, member, unique, counts, features):
+        """(the rows of the distinct keys `unique` of member table `member`, looked up
+        `counts` times each in this batch, which of them are admitted): the admitted ones
+        found or inserted, counted at this step; zeros for the others."""
+        table, capacity = self.tables[member], self.options.capacity
+        checks = []
+        if capacity is not None:
+            checks.append(tf.debugging.assert_less_equal(
+                tf.size(unique, out_type=tf.int64), tf.constant(capacity, tf.int64),
+                message=f"picasso_tf: a batch looks up more distinct ids of {', '.join(sorted(set(features)))} "
+                        f"(table {self.layout.members[member].name}) than vocabulary_capacity={capacity} keys; "
+                        "raise vocabulary_capacity or train on smaller batches. Nothing was changed"))
+        with tf.control_dependencies(checks):
+            # The step a key was last looked up at (steps-to-live); 0 outside a training step.
+            step = tf.identity(self.optimizer.optimizer.iterations) if self.optimizer else tf.constant(0, tf.int64)
+            if self.filters[member] is None:
+                return table.find_or_insert(unique, step), tf.ones_like(unique, tf.bool)
+            found = table.lookup(unique)[1]
+            seen = self.filters[member].count(unique, counts, tf.logical_not(found), step)
+            admitted = tf.logical_or(found, seen >= self.options.admit_after)
+            where = tf.where(admitted)
+            rows = table.find_or_insert(tf.gather_nd(unique, where), step)
+            return tf.scatter_nd(where, rows, [tf.size(unique, out_type=tf.int64), self.layout.dim]), admitted
+
+    def apply_fetched(self, keys, row_grads, iteration):
+        """Updates the admitted rows of `keys` (fetch's) from their summed gradients, then
+        evicts where a table is over its capacity (or its steps-to-live are due)."""
+        update = table_update(self.optimizer, self.layout, iteration)
+        member, admitted = keys[:, 0], keys[:, 2] > 0
+        applied = []
+        for m, table in enumerate(self.tables):
+            mine = tf.where(tf.logical_and(tf.equal(member, m), admitted))[:, 0]
+            applied.append(apply_to_table(table, update, tf.gather(keys[:, 1], mine), tf.gather(row_grads, mine)))
+        with tf.control_dependencies(applied):
+            step = tf.convert_to_tensor(iteration, tf.int64)
+            return tf.group([self._evict_when_due(m, step) for m in range(len(self.tables))])
+
+    def _evict_when_due(self, member, step):
+        evictions = [_evict_when_due(self.tables[member], self.options, step)]
+        if isinstance(self.filters[member], ExactCounts):
+            evictions.append(_evict_when_due(self.filters[member].table, self.options, step,
+                                             drop_first=lambda k: self.tables[member].lookup(k)[1]))
+        return tf.group(evictions)
+
+    def write_back(self):
+        pass    # the original variables hold hash bins' rows, not these: vocabulary() exports them
+
+    def read_back(self):
+        pass
+
+    def checkpoint_children(self):
+        return dict(self._checkpointed)
+
+    def vocabulary(self):
+        """{logical table name: (keys, rows)} of every member, keys increasing (NumPy)."""
+        out = {}
+        for m, table in zip(self.layout.members, self.tables):
+            exported = table.export()
+            out[m.name] = (exported.keys.numpy(), exported.values.numpy())
+        return out
+
+    def restore(self, member, state):
+        """Takes a checkpoint's `state` (VocabularyState's tensors) of member table
+        number `member`; evicts down to the capacity if it holds more."""
+        table, options = self.tables[member], self.options
+        table.import_(state["keys"], state["values"], state["slots"], state["counts"], state["last_steps"])
+        if isinstance(self.filters[member], ExactCounts) and "candidate_keys" in state:
+            self.filters[member].table.import_(state["candidate_keys"], tf.zeros([tf.size(state["candidate_keys"]), 1]),
+                                               tf.zeros([0, tf.size(state["candidate_keys"]), 1]),
+                                               state["candidate_counts"], state["candidate_last_steps"])
+        if options.capacity is not None and int(table.size()) > options.capacity:
+            _evict(table, options.capacity, options, step=None)
+
+
+class VocabularyState(tf.__internal__.tracking.Trackable):
+    """A checkpoint's dynamic vocabulary of one logical table: its hash table's keys,
+    rows, slots, counts and last steps, and (exact admission) the counts of keys not yet
+    admitted."""
+
+    def __init__(self, storage, member):
+        self._storage, self._member = storage, member
+
+    def _serialize_to_tensors(self):
+        exported = self._storage.tables[self._member].export()
+        state = exported._asdict()
+        counter = self._storage.filters[self._member]
+        if isinstance(counter, ExactCounts):
+            candidates = counter.table.export()
+            state.update(candidate_keys=candidates.keys, candidate_counts=candidates.counts,
+                         candidate_last_steps=candidates.last_steps)
+        return state
+
+    def _restore_from_tensors(self, restored_tensors):
+        self._storage.restore(self._member, restored_tensors)
+        return tf.no_op()
+
+
+class ExactCounts:
+    """Admission by exact counts: a hash table of one float per key, whose access count
+    is how often the key was looked up without a row."""
+
+    def __init__(self):
+        self.table = HashTable(1, initializer="zeros")
+
+    def count(self, unique, counts, candidates, step):
+        """Each of the distinct keys `unique`'s count, after adding `counts` (this batch's
+        lookups) for those `candidates` (the keys without a row)."""
+        keys = tf.repeat(tf.boolean_mask(unique, candidates), tf.boolean_mask(counts, candidates))
+        with tf.control_dependencies([self.table.find_or_insert(keys, step)]):
+            return self.table.counts(unique)
+
+
+class BloomCounts:
+    """Admission by a counting Bloom filter: `size` int32 counters, a key's count being
+    the least of its BLOOM_HASHES counters (never below the true count)."""
+
+    def __init__(self, size, name):
+        with tf.init_scope():
+            self.counters = tf.Variable(tf.zeros([size], tf.int32), trainable=False,
+                                        name=f"picasso_admission/{name}")
+        self.size = size
+
+    def count(self, unique, counts, candidates, step):
+        slots = tf.stack([_fingerprint_slots(unique, salt, self.size) for salt in range(BLOOM_HASHES)], 1)
+        added = tf.cast(tf.where(candidates, counts, tf.zeros_like(counts)), tf.int32)
+        update = self.counters.scatter_add(tf.IndexedSlices(tf.repeat(added, BLOOM_HASHES), tf.reshape(slots, [-1])))
+        with tf.control_dependencies([update]):
+            return tf.cast(tf.reduce_min(tf.gather(self.counters, slots), axis=1), counts.dtype)
+
+
+def _fingerprint_slots(keys, salt, size):
+    salted = tf.stack([keys, tf.fill(tf.shape(keys), tf.constant(salt, tf.int64))], 1)
+    bits = tf.bitcast(tf.fingerprint(salted), tf.int64)
+    return tf.math.floormod(bits, tf.constant(size, tf.int64))
+
+
+def _admission_filter(options, name):
+    if options.admit_after <= 1:
+        return None
+    if options.admission_filter == "bloom":
+        return BloomCounts(options.bloom_counters, name)
+    return ExactCounts()
+
+
+def _evict_when_due(table, options, step, drop_first=None):
+    """An op evicting from `table` when it holds more than the capacity or its steps-to-live are due."""
+    due = tf.constant(False)
+    if options.capacity is not None:
+        due = table.size() > options.capacity
+    if options.eviction == "ttl":
+        due = tf.logical_or(due, tf.logical_and(step > 0, tf.equal(step % options.steps_to_live, 0)))
+    return tf.cond(due, lambda: _evict(table, options.capacity, options, step, drop_first), tf.no_op)
+
+
+def _evict(table, capacity, options, step, drop_first=None):
+    """Keeps at most KEEP_AFTER_EVICTION of `capacity` keys of `table` (None: all), those
+    ranked first: not in `drop_first` (a key mask), by eviction "ttl" not older than the
+    steps-to-live at `step`, then looked up most, most recently, smallest key."""
+    held = table.export()
+    order = tf.range(tf.size(held.keys))       # keys increasing: the last tie-break
+    order = tf.gather(order, tf.argsort(-tf.gather(held.last_steps, order), stable=True))
+    order = tf.gather(order, tf.argsort(-tf.gather(held.counts, order), stable=True))
+    live = tf.ones_like(held.keys, tf.bool)
+    if options.eviction == "ttl" and step is not None:
+        live = held.last_steps > step - options.steps_to_live
+    if drop_first is not None:
+        live = tf.logical_and(live, tf.logical_not(drop_first(held.keys)))
+    order = tf.boolean_mask(order, tf.gather(live, order))
+    if capacity is not None:
+        over = tf.size(held.keys) > capacity
+        keep = int(capacity * KEEP_AFTER_EVICTION) if step is not None else capacity
+        limit = tf.where(over, tf.constant(keep, tf.int32), tf.size(order))
+        order = order[:limit]
+    kept = tf.sort(order)
+    return table.import_(tf.gather(held.keys, kept), tf.gather(held.values, kept), tf.gather(held.slots, kept, axis=1),
+                         tf.gather(held.counts, kept), tf.gather(held.last_steps, kept))
+
+
+def _seed(initializer, table_name):
+    """The table's seed for new rows: the initializer's, told apart by the table's name."""
+    config = tf.keras.initializers.get(initializer).get_config()
+    return (int(config.get("seed") or 0) ^ zlib.crc32(table_name.encode())) & ((1 << 63) - 1)
