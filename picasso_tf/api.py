@@ -156,7 +156,6 @@ class PicassoInfo:
                 for name, table in s.vocabulary().items()}
 
     def report(self):
-    def report(self):
         """A readable summary of what was rewritten."""
         lines = []
         for graph, rep in self.reports.items():
