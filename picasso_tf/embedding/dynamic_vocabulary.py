@@ -16,12 +16,12 @@ Options (VocabularyOptions, from picasso_tf.Config):
                   error before anything changes. When a step leaves a table holding more,
                   it evicts down to 9/10 of the capacity (so that the whole-table pass an
                   eviction costs runs once per tenth of the capacity in new keys, not
-                  every step): by eviction "lfu", the keys looked up least (ties: the
-                  least recently, then the smallest key); by "ttl", first the keys not
+                  every step): by eviction "lfu", the keys looked up in the fewest steps
+                  (ties: the least recently, then the smallest key); by "ttl", first the keys not
                   looked up in the last steps_to_live steps, which also go every
                   steps_to_live steps whatever the size.
   admit_after     a key gets a row once it has been looked up this many times (each
-                  occurrence counts); until then its lookups read zeros and its gradient is
+                  occurrence in a batch counts); until then its lookups read zeros and its gradient is
                   dropped. The counts of keys without a row are kept exactly (a hash table
                   of counts, bounded by the capacity too, where keys that have a row go
                   first) or by a counting Bloom filter of fixed size, which never
@@ -252,7 +252,10 @@ class BloomCounts:
     def count(self, unique, counts, candidates, step):
         slots = tf.stack([_fingerprint_slots(unique, salt, self.size) for salt in range(BLOOM_HASHES)], 1)
         added = tf.cast(tf.where(candidates, counts, tf.zeros_like(counts)), tf.int32)
-        update = self.counters.scatter_add(tf.IndexedSlices(tf.repeat(added, BLOOM_HASHES), tf.reshape(slots, [-1])))
+        # Each of a key's counters once, where two of its hashes fall on the same counter.
+        key = tf.repeat(tf.range(tf.size(unique, out_type=tf.int64)), BLOOM_HASHES)
+        pairs = tf.unique(key * self.size + tf.reshape(slots, [-1]))[0]
+        update = self.counters.scatter_add(tf.IndexedSlices(tf.gather(added, pairs // self.size), pairs % self.size))
         with tf.control_dependencies([update]):
             return tf.cast(tf.reduce_min(tf.gather(self.counters, slots), axis=1), counts.dtype)
 

@@ -42,6 +42,10 @@ def dynamic_vocabulary(program, graph, config):
         raise UnsupportedModelError(
             f"picasso_tf: dynamic_vocabulary with micro_batches={config.micro_batches!r} is not built yet (each "
             "micro-batch would insert and update its keys apart); use micro_batches=1")
+    if not config.pass_enabled("k_packing"):
+        raise UnsupportedModelError(
+            f"picasso_tf: dynamic_vocabulary keys the fused lookups' tables by raw id, and with packing={config.packing}, "
+            f"d_packing={config.d_packing}, k_packing={config.k_packing} no lookup is fused; turn packing on")
     if not config.fused_optimizer:
         raise UnsupportedModelError(
             "picasso_tf: dynamic_vocabulary needs fused_optimizer=True: its hash tables are updated by the "

@@ -1,0 +1,297 @@
+"""dynamic_vocabulary: features hashed into bins right before their embedding are keyed
+by their raw ids in hash tables instead. Trains like a Keras model with one row per
+raw id (no collisions), admits and evicts keys as documented, refuses a batch beyond
+the capacity without changing anything, and checkpoints and exports what it trained."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables
+from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.ops.hybrid_hash import HashTable
+
+DIM = 4
+
+
+def hashed_model(seed=0, bins=(7, 5, 6), user_dim=DIM):
+    """Three features hashed into a few bins (so raw ids collide in the written model):
+    an integer user id (Keras Hashing), string tags (Keras Hashing) and an item id (a
+    modulo); each an Embedding, pooled, concatenated, one Dense."""
+    tf.keras.utils.set_random_seed(seed)
+    user = tf.keras.Input(shape=(1,), dtype=tf.int64, name="user")
+    tags = tf.keras.Input(shape=(2,), dtype=tf.string, name="tags")
+    item = tf.keras.Input(shape=(1,), dtype=tf.int64, name="item")
+    parts = [
+        tf.keras.layers.Flatten()(tf.keras.layers.Embedding(bins[0], user_dim, name="emb_user")(
+            tf.keras.layers.Hashing(bins[0])(user))),
+        tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(bins[1], DIM, name="emb_tags")(
+            tf.keras.layers.Hashing(bins[1])(tags))),
+        tf.keras.layers.Flatten()(tf.keras.layers.Embedding(bins[2], DIM, name="emb_item")(
+            tf.keras.layers.Lambda(lambda x: x % bins[2])(item))),
+    ]
+    out = tf.keras.layers.Dense(1, activation="sigmoid", name="head")(
+        tf.keras.layers.Concatenate()(parts))
+    return tf.keras.Model([user, tags, item], out)
+
+
+def batches(steps, batch=16, users=40, items=30, seed=1):
+    rng = np.random.default_rng(seed)
+    words = np.array([f"w{i}" for i in range(12)])
+    return [({"user": rng.integers(0, users, (batch, 1)) * 1000 + 7,
+              "tags": words[rng.integers(0, len(words), (batch, 2))],
+              "item": rng.integers(0, items, (batch, 1)) * 13},
+             rng.integers(0, 2, (batch, 1)).astype(np.float32)) for _ in range(steps)]
+
+
+def keys_of(feature, values):
+    """The raw keys a feature's values are looked up by."""
+    if feature == "tags":
+        return tf.strings.to_hash_bucket_fast(values.reshape(-1), (1 << 63) - 1).numpy()
+    return values.reshape(-1).astype(np.int64)
+
+
+def storage_of(model):
+    [storage] = [s for s in model.picasso.storages.values() if s.kind == DynamicVocabularyTables.kind]
+    return storage
+
+
+def table_of(model, layer):
+    storage = storage_of(model)
+    member = next(i for i, m in enumerate(storage.layout.members) if m.name.startswith(layer + "/"))
+    return storage.tables[member]
+
+
+def train(model, data):
+    return [float(model.train_on_batch(x, y)) for x, y in data]
+
+
+TABLES = {"user": "emb_user", "tags": "emb_tags", "item": "emb_item"}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_trains_like_keras_with_one_row_per_raw_id(optimizer):
+    """The reference: the same model in plain Keras with an exact vocabulary (one row per
+    raw id, the ids mapped to rows before the model), its rows starting as the hash
+    tables' initial rows. 20 steps: the same losses, rows and head."""
+    make = {"sgd": lambda: tf.keras.optimizers.SGD(0.5),
+            "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3, initial_accumulator_value=0.05)}[optimizer]
+    data = batches(20)
+    model = picasso.optimize(hashed_model(), dynamic_vocabulary=True)
+    model.compile(make(), "binary_crossentropy")
+    vocabulary, initial = {}, {}
+    for feature, layer in TABLES.items():
+        vocabulary[feature] = np.unique(np.concatenate([keys_of(feature, x[feature]) for x, _ in data]))
+        # A table drawing new rows as the model's does (the model's own would count these lookups).
+        twin = HashTable(DIM, initializer=model.original.get_layer(layer).embeddings_initializer,
+                         seed=table_of(model, layer).seed)
+        initial[feature] = twin.find_or_insert(vocabulary[feature]).numpy()
+
+    user = tf.keras.Input(shape=(1,), dtype=tf.int64, name="user")
+    tags = tf.keras.Input(shape=(2,), dtype=tf.int64, name="tags")
+    item = tf.keras.Input(shape=(1,), dtype=tf.int64, name="item")
+    embed = {f: tf.keras.layers.Embedding(len(vocabulary[f]), DIM, name=TABLES[f]) for f in TABLES}
+    parts = [tf.keras.layers.Flatten()(embed["user"](user)),
+             tf.keras.layers.GlobalAveragePooling1D()(embed["tags"](tags)),
+             tf.keras.layers.Flatten()(embed["item"](item))]
+    reference = tf.keras.Model([user, tags, item], tf.keras.layers.Dense(1, activation="sigmoid", name="head")(
+        tf.keras.layers.Concatenate()(parts)))
+    for feature in TABLES:
+        embed[feature].set_weights([initial[feature]])
+    reference.get_layer("head").set_weights(model.original.get_layer("head").get_weights())
+    reference.compile(make(), "binary_crossentropy")
+
+    def rows(x):
+        return {f: np.searchsorted(vocabulary[f], keys_of(f, x[f])).reshape(x[f].shape) for f in TABLES}
+
+    expected = [float(reference.train_on_batch(rows(x), y)) for x, y in data]
+    np.testing.assert_allclose(train(model, data), expected, rtol=1e-5)
+    trained = model.picasso.vocabulary()
+    for feature, layer in TABLES.items():
+        keys, values = trained[f"{layer}/embeddings"]
+        np.testing.assert_array_equal(keys, vocabulary[feature])
+        np.testing.assert_allclose(values, embed[feature].get_weights()[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(model.original.get_layer("head").get_weights(), reference.get_layer("head").get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_report_says_it_is_a_different_model_and_names_the_features():
+    model = picasso.optimize(hashed_model(), dynamic_vocabulary=True)
+    report = model.picasso.report()
+    assert "different (collision-free) model" in report
+    assert "'user': 'the integer id'" in report and "'tags': \"the string's fingerprint\"" in report
+    assert "'item': 'the integer id'" in report
+
+
+def test_unknown_ids_read_zeros_when_serving_and_nothing_is_inserted():
+    model = picasso.optimize(hashed_model(), dynamic_vocabulary=True)
+    model.compile("adagrad", "binary_crossentropy")
+    x, y = batches(1)[0]
+    train(model, [(x, y)])
+    before = {k: v[0].copy() for k, v in model.picasso.vocabulary().items()}
+    unseen = {"user": x["user"] + 1, "tags": np.full_like(x["tags"], "never"), "item": x["item"] + 1}
+    head = model.original.get_layer("head")
+    expected = np.full((len(x["item"]), 1), tf.sigmoid(head.bias).numpy()[0])     # every row zeros
+    np.testing.assert_allclose(model.predict(unseen, verbose=0), expected, rtol=1e-6)
+    for k, v in model.picasso.vocabulary().items():
+        np.testing.assert_array_equal(v[0], before[k])
+
+
+def only_user_model(admit_after=1, **options):
+    """One feature: user ids hashed into 3 bins; its embedding summed by a frozen Dense of
+    ones, so that a prediction is the sum of the user's row."""
+    tf.keras.utils.set_random_seed(0)
+    user = tf.keras.Input(shape=(1,), dtype=tf.int64, name="user")
+    embedded = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(3, DIM, name="emb_user")(
+        tf.keras.layers.Hashing(3)(user)))
+    out = tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones", trainable=False)(embedded)
+    model = picasso.optimize(tf.keras.Model(user, out), dynamic_vocabulary=True, admit_after=admit_after, **options)
+    model.compile(tf.keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def keys_held(model):
+    return model.picasso.vocabulary()["emb_user/embeddings"][0].tolist()
+
+
+@pytest.mark.parametrize("admission_filter", ["exact", "bloom"])
+def test_a_key_gets_a_row_on_its_admit_after_th_lookup(admission_filter):
+    model = only_user_model(admit_after=3, admission_filter=admission_filter)
+    ones = np.ones((2, 1), np.float32)
+    # Key 5 twice in the first batch (two lookups), key 9 once: neither has a row yet.
+    loss = model.train_on_batch(np.array([[5], [5]]), ones)
+    assert keys_held(model) == [] and loss == pytest.approx(1.0)     # their rows read zeros: the loss is (1 - 0)^2
+    model.train_on_batch(np.array([[9], [7]]), ones)
+    assert keys_held(model) == []
+    model.train_on_batch(np.array([[5], [9]]), ones)                # key 5's third lookup
+    assert keys_held(model) == [5]
+    table = table_of(model, "emb_user")
+    assert table.counts([5]).numpy().tolist() == [1]                # counted from its admission on
+
+
+def test_a_bloom_filter_admits_early_never_late():
+    # One counter for every key: the third lookup of any keys admits them all.
+    model = only_user_model(admit_after=3, admission_filter="bloom", bloom_filter_counters=1)
+    ones = np.ones((2, 1), np.float32)
+    model.train_on_batch(np.array([[1], [2]]), ones)
+    assert keys_held(model) == []
+    model.train_on_batch(np.array([[3], [4]]), ones)
+    assert keys_held(model) == [3, 4]
+
+
+def lfu_reference(data, capacity):
+    """What LFU eviction leaves: per step, each distinct key of the batch counts one
+    lookup at that step; a table over the capacity keeps its 9/10 looked up in the most
+    steps, then most recently, then smallest."""
+    counts, last = {}, {}
+    for step, x in enumerate(data):
+        for key in np.unique(x):
+            counts[key] = counts.get(key, 0) + 1
+            last[key] = step
+        if len(counts) > capacity:
+            kept = sorted(counts, key=lambda k: (-counts[k], -last[k], k))[:int(capacity * 0.9)]
+            counts, last = {k: counts[k] for k in kept}, {k: last[k] for k in kept}
+    return sorted(counts), counts
+
+
+def test_lfu_eviction_keeps_the_keys_looked_up_in_most_steps():
+    rng = np.random.default_rng(4)
+    data = [rng.zipf(1.5, (8, 1)) % 60 for _ in range(30)]
+    model = only_user_model(vocabulary_capacity=20)
+    for x in data:
+        model.train_on_batch(x, np.ones((8, 1), np.float32))
+    expected, counts = lfu_reference(data, 20)
+    assert keys_held(model) == expected
+    assert table_of(model, "emb_user").counts(expected).numpy().tolist() == [counts[k] for k in expected]
+
+
+def test_steps_to_live_evict_the_keys_not_looked_up_since():
+    model = only_user_model(eviction="ttl", steps_to_live=2)
+    ones = np.ones((1, 1), np.float32)
+    model.train_on_batch(np.array([[10]]), ones)        # step 0
+    model.train_on_batch(np.array([[11]]), ones)        # step 1
+    assert keys_held(model) == [10, 11]
+    model.train_on_batch(np.array([[12]]), ones)        # step 2: due; key 10 was last looked up 2 steps ago
+    assert keys_held(model) == [11, 12]
+    model.train_on_batch(np.array([[13]]), ones)        # step 3: not due
+    assert keys_held(model) == [11, 12, 13]
+
+
+def test_a_batch_beyond_the_capacity_is_refused_and_changes_nothing():
+    model = only_user_model(vocabulary_capacity=4)
+    model.train_on_batch(np.array([[1], [2]]), np.ones((2, 1), np.float32))
+    before = model.picasso.vocabulary()["emb_user/embeddings"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"distinct ids of user.*vocabulary_capacity=4"):
+        model.train_on_batch(np.arange(6)[:, None] + 10, np.ones((6, 1), np.float32))
+    after = model.picasso.vocabulary()["emb_user/embeddings"]
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])
+
+
+def test_checkpoint_round_trip_then_training_goes_on_identically(tmp_path):
+    data = batches(6)
+    options = dict(dynamic_vocabulary=True, admit_after=2)
+    first = picasso.optimize(hashed_model(), **options)
+    first.compile(tf.keras.optimizers.Adagrad(0.2), "binary_crossentropy")
+    train(first, data[:3])
+    path = str(tmp_path / "ckpt")
+    tf.train.Checkpoint(model=first, optimizer=first.optimizer).write(path)
+    second = picasso.optimize(hashed_model(seed=9), **options)
+    second.compile(tf.keras.optimizers.Adagrad(0.2), "binary_crossentropy")
+    second.train_on_batch(*batches(1, seed=7)[0])           # state to be replaced
+    tf.train.Checkpoint(model=second, optimizer=second.optimizer).read(path).assert_consumed()
+    for table in TABLES.values():
+        a, b = table_of(first, table).export(), table_of(second, table).export()
+        for x, y in zip(a, b):      # keys, values, slots, counts and last steps
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert train(second, data[3:]) == train(first, data[3:])
+
+
+def test_restoring_into_a_smaller_capacity_keeps_the_keys_ranked_first(tmp_path):
+    first = only_user_model()
+    for x in [[[1], [2], [3]], [[1], [2], [4]], [[1], [5], [6]]]:
+        first.train_on_batch(np.array(x), np.ones((3, 1), np.float32))
+    path = str(tmp_path / "ckpt")
+    tf.train.Checkpoint(model=first).write(path)
+    second = only_user_model(vocabulary_capacity=3)
+    tf.train.Checkpoint(model=second).read(path).expect_partial()
+    # counts 1:3, 2:2, then one step each: 5 and 6 looked up last (step 2), 5 the smaller.
+    assert keys_held(second) == [1, 2, 5]
+
+
+def test_only_the_named_features_and_the_reasons_for_the_others():
+    model = picasso.optimize(hashed_model(user_dim=8), dynamic_vocabulary=["user"])    # a group of its own
+    report = model.picasso.reports["training"]
+    dynamic = next(p for p in report["passes"] if p["pass"] == "dynamic_vocabulary")
+    assert list(dynamic["raw_keys"]) == ["user"]
+    packed = picasso.optimize(hashed_model(), dynamic_vocabulary=["user"])     # one group of all three tables
+    dynamic = next(p for p in packed.picasso.reports["training"]["passes"] if p["pass"] == "dynamic_vocabulary")
+    assert not dynamic["changed"] and "read by tags too, which dynamic_vocabulary does not name" in str(
+        dynamic["left_alone"])
+    with pytest.raises(ValueError, match=r"dynamic_vocabulary names \['nope'\]"):
+        picasso.optimize(hashed_model(), dynamic_vocabulary=["nope"])
+
+
+def test_ids_not_hashed_right_before_the_lookup_stay_and_say_why():
+    tf.keras.utils.set_random_seed(0)
+    ids = tf.keras.Input(shape=(1,), dtype=tf.int64, name="ids")
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(10, DIM)(ids)))
+    model = picasso.optimize(tf.keras.Model(ids, out), dynamic_vocabulary=True)
+    dynamic = next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "dynamic_vocabulary")
+    assert not dynamic["changed"]
+    assert "not hashed into bins right before the lookup" in str(dynamic["left_alone"])
+
+
+def test_refusals_name_the_option():
+    model = picasso.optimize(hashed_model(), dynamic_vocabulary=True)
+    model.compile(tf.keras.optimizers.Adam(), "binary_crossentropy")
+    with pytest.raises(UnsupportedModelError, match="dynamic_vocabulary.*SGD without momentum or Adagrad.*Adam"):
+        model.train_on_batch(*batches(1)[0])
+    with pytest.raises(UnsupportedModelError, match="cannot export.*model.picasso.vocabulary"):
+        model.picasso.export("/tmp/never")
+    with pytest.raises(UnsupportedModelError, match="micro_batches=2"):
+        picasso.optimize(hashed_model(), dynamic_vocabulary=True, micro_batches=2)
+    with pytest.raises(UnsupportedModelError, match="dynamic_vocabulary.*packing=False"):
+        picasso.optimize(hashed_model(), dynamic_vocabulary=True, packing=False)
+    with pytest.raises(ValueError, match="eviction='ttl' takes steps_to_live"):
+        picasso.optimize(hashed_model(), dynamic_vocabulary=True, eviction="ttl")
