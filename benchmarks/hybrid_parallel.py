@@ -9,10 +9,14 @@ thread and the same per-rank batch. Prints:
   3. collectives per step, read from Horovod's timeline;
   4. a projection to 8, 64 and 256 ranks from the measured per-rank costs;
   5. what a rank holds (bytes in its variables, resident memory) with every table
-     sharded, against one process, on dlrm with large tables.
+     sharded, against one process, on dlrm with large tables;
+  6. the float16 wire (wire_dtype="float16"): bytes per rank and step against float32's
+     with every table sharded, and held-out AUC after training each --wire-models model
+     for --wire-steps steps of --wire-batch per rank on 2 ranks, float32 against float16.
 
     .venv/bin/python benchmarks/hybrid_parallel.py [--models wide_deep,dlrm] [--batch 2048]
         [--steps 40] [--repeats 2] [--big-batch 8192] [--memory-buckets 50000]
+        [--wire-models wide_deep,dlrm] [--wire-batch 256] [--wire-steps 400] [--heldout 20000]
 
 Each configuration runs benchmarks/hybrid_parallel_worker.py: timed runs carry no
 timeline and no counters (both cost CPU, the timeline a lot on rank 0); a separate
@@ -46,10 +50,11 @@ PROJECTED_RANKS = (8, 64, 256)
 
 
 def run_worker(out, model, batch, warmup, steps, size, replicate_below=None, instrument=False, timeline=None,
-               buckets=None):
+               buckets=None, wire_dtype="float32", heldout=0):
     """Runs one configuration; returns the ranks' result dicts."""
     shutil.rmtree(out, ignore_errors=True)
-    args = [WORKER, out, "--model", model, "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps)]
+    args = [WORKER, out, "--model", model, "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps),
+            "--wire-dtype", wire_dtype, "--heldout", str(heldout)]
     if buckets is not None:
         args += ["--buckets", str(buckets)]
     if replicate_below is not None:
@@ -143,8 +148,11 @@ def measure(model, label, replicate_below, args, work, single_runs):
     timeline = os.path.join(work, f"{model}_{label}_timeline.json")
     instrumented = run_worker(os.path.join(work, f"{model}_{label}_inst"), model, args.batch, 8, 10, 2,
                               replicate_below, instrument=True, timeline=timeline)
+    # The float16 wire changes only the exchange: measured where every group is exchanged.
+    half = run_worker(os.path.join(work, f"{model}_{label}_half"), model, args.batch, 8, 10, 2, replicate_below,
+                      instrument=True, wire_dtype="float16") if replicate_below == 0 else None
     return {"label": label, "replicate_below": replicate_below, "timed": timed, "instrumented": instrumented,
-            "timeline": collectives_per_step(timeline), "single": single_runs}
+            "timeline": collectives_per_step(timeline), "single": single_runs, "half": half}
 
 
 def cpu_figures(single_runs, timed, batch, steps):
@@ -160,13 +168,16 @@ def cpu_figures(single_runs, timed, batch, steps):
             "wall_ratio": statistics.mean(two_wall) / statistics.mean(one_wall)}
 
 
-def wire_figures(config, size=2):
+def wire_figures(config, size=2, runs="instrumented"):
     """Per rank and step: the analytic minimum and what the exchange really sent."""
-    inst, steps = config["instrumented"], config["instrumented"][0]["steps"]
+    inst, steps = config[runs], config[runs][0]["steps"]
     share = 2 * (size - 1) / size
     rows = []
     for r in inst:
         minimum_exchange = r["analytic"]["remote_bytes"] if r["distribute"].get("sharded") else 0.0
+        if r["wire_dtype"] == "float16":       # 8 bytes per id, 2·D·2 per row and row gradient
+            ids = 8 * r["analytic"]["remote_ids"]
+            minimum_exchange = ids + (minimum_exchange - ids) / 2
         sent = {k: sum(b for d, b in enumerate(r.get(f"alltoall_{k}_bytes", [0] * size)) if d != r["rank"]) / steps
                 for k in ("ids", "rows", "grads")}
         tl = config["timeline"]
@@ -281,6 +292,39 @@ def report(model, configs, args):
     return figures
 
 
+def report_wire_bytes(configs):
+    """Bytes per rank and step, float32 against float16 on the wire (every group sharded)."""
+    for c in configs:
+        if c["half"] is None:
+            continue
+        full, half = wire_figures(c)[0], wire_figures(c, runs="half")[0]
+        print(f"  {c['label']}:")
+        for f, h in zip(full, half):
+            exchanged = [w["sent"]["rows"] + w["sent"]["grads"] for w in (f, h)]
+            print(f"    rank {f['rank']}: rows {fmt(f['sent']['rows'])} -> {fmt(h['sent']['rows'])}, row gradients "
+                  f"{fmt(f['sent']['grads'])} -> {fmt(h['sent']['grads'])} ({exchanged[1] / exchanged[0]:.3f}x), "
+                  f"ids {fmt(f['sent']['ids'])} -> {fmt(h['sent']['ids'])}; all with the Allreduce "
+                  f"{fmt(f['actual'])} -> {fmt(h['actual'])} ({h['actual'] / f['actual']:.3f}x)")
+        actual, minimum = (sum(w[k] for w in half) / len(half) for k in ("actual", "min"))
+        print(f"    float16, per rank over both: actual {fmt(actual)} against its minimum (8 per id, 2·D·2 per row "
+              f"and row gradient) {fmt(minimum)}: {actual / minimum:.3f}x")
+
+
+def report_wire_quality(work, models, batch, steps, heldout):
+    """Held-out AUC after training on 2 ranks, every group sharded, float32 against float16."""
+    print(f"\n  held-out AUC: {steps} steps of {batch} per rank on 2 ranks (every group sharded, Adam), then "
+          f"{heldout} held-out examples of the same data")
+    print(f"  {'model':<12}{'wire':<10}{'AUC':>8}{'log loss':>10}{'CPU ms/step/rank':>20}{'wall s':>9}")
+    for model in models:
+        for wire in ("float32", "float16"):
+            ranks = run_worker(os.path.join(work, f"quality_{model}_{wire}"), model, batch, 1, steps - 1, 2, 0,
+                               wire_dtype=wire, heldout=heldout)
+            r = ranks[0]
+            per_rank = "+".join(f"{1e3 * x['cpu_s'] / x['steps']:.1f}" for x in ranks)
+            print(f"  {model:<12}{wire:<10}{r['heldout_auc']:>8.4f}{r['heldout_log_loss']:>10.4f}{per_rank:>20}"
+                  f"{r['wall_s']:>9.1f}")
+
+
 def report_memory(work, buckets, model="dlrm", batch=4096):
     """What a rank holds with every table sharded, against one process."""
     runs = {size: run_worker(os.path.join(work, f"memory_{size}"), model, batch, 3, 5, size, 0, buckets=buckets)
@@ -320,6 +364,11 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--big-batch", type=int, default=8192, help="wide_deep sharded again at this batch (0: skip)")
+    parser.add_argument("--wire-models", default="wide_deep,dlrm", help="held-out AUC, float32 and float16 wire "
+                        "('': skip)")
+    parser.add_argument("--wire-batch", type=int, default=256)
+    parser.add_argument("--wire-steps", type=int, default=400)
+    parser.add_argument("--heldout", type=int, default=20000)
     parser.add_argument("--memory-buckets", type=int, default=50000,
                         help="dlrm with tables of this many rows, 1 process against 2 ranks all sharded: what a "
                              "rank holds (0: skip)")
@@ -328,7 +377,7 @@ def main():
     work = tempfile.mkdtemp(prefix="hybrid_parallel_")
     print(f"$ {' '.join(['.venv/bin/python', 'benchmarks/hybrid_parallel.py'] + sys.argv[1:])}")
     print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
-    loopbacks = []
+    loopbacks, wire_configs = [], {}
     for model in args.models.split(","):
         single = [run_worker(os.path.join(work, f"{model}_1_{r}"), model, args.batch, args.warmup, args.steps, 1)
                   for r in range(args.repeats)]
@@ -336,6 +385,7 @@ def main():
                    measure(model, f"default (replicate_tables_below={Config().replicate_tables_below >> 20} MiB)",
                            None, args, work, single)]
         figures = report(model, configs, args)
+        wire_configs[model] = configs
         loopback = statistics.mean(r["loopback_bytes_per_s"] for c in configs for r in c["instrumented"])
         loopbacks.append(loopback)
         report_projection(model, configs, figures, loopback)
@@ -354,7 +404,13 @@ def main():
         report_memory(work, args.memory_buckets)
     print(f"\nloopback AllToAllv bandwidth (64 MiB, one rank to the other): "
           f"{statistics.mean(loopbacks) * 8 / 1e9:.1f} Gbit/s")
-    print("the optional fp16 wire format for rows and row gradients is not built: not measured")
+    print('\n6. the float16 wire (wire_dtype="float16"): bytes per rank and step, float32 -> float16 (rows and '
+          f"row gradients; instrumented runs of 10 steps, batch {args.batch} per rank)")
+    for model, configs in wire_configs.items():
+        print(f"  {model}:")
+        report_wire_bytes(configs)
+    if args.wire_models:
+        report_wire_quality(work, args.wire_models.split(","), args.wire_batch, args.wire_steps, args.heldout)
     print(f"total {time.perf_counter() - began:.0f} s")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -5,6 +5,8 @@ measured to OUT_DIR/rank<R>.json.
     hybrid_parallel_worker.py OUT_DIR --model wide_deep --batch 2048 --warmup 8 --steps 30
                               [--replicate-below BYTES]   # absent: picasso_tf's default
                               [--buckets 999]             # rows of each hashed table
+                              [--wire-dtype float16]      # config.wire_dtype
+                              [--heldout 20000]           # AUC on these examples after training
 
 Measured per rank over the timed steps (after warm-up): CPU seconds of the process
 (time.process_time: every thread of it, Horovod's background thread included) and wall
@@ -13,7 +15,10 @@ Allreduce reduced (counted in the graph by wrapping Horovod's alltoall and
 grouped_allreduce, from the buffers actually passed); the loopback interface's bytes;
 and, independently of the exchange code, the analytic minimum from the same batches:
 per table, the distinct ids of the batch, owned by id // ceil(rows / size); and the
-bytes held in the variables and the resident memory, after training.
+bytes held in the variables and the resident memory, after training. With --heldout N,
+N more examples of the same data are held out of training, and every rank predicts all
+of them after training (the same batches on every rank, as the exchange needs): their
+AUC and log loss.
 """
 import argparse
 import json
@@ -193,13 +198,18 @@ def main():
     parser.add_argument("--instrument", action="store_true",
                         help="count the collectives' bytes in the graph and measure loopback bandwidth (kept out "
                              "of the timed runs: the counters cost a little CPU)")
+    parser.add_argument("--wire-dtype", default="float32", help="config.wire_dtype")
+    parser.add_argument("--heldout", type=int, default=0, help="examples held out for AUC (0: none)")
     args = parser.parse_args()
     if DISTRIBUTED and args.instrument:
         install_counters()
 
     schema = pdata.preset_schema("criteo", buckets=args.buckets)
     steps = args.warmup + args.steps
-    data = pdata.generate(schema, args.batch * SIZE * steps, seed=0)
+    trained = args.batch * SIZE * steps
+    data = pdata.generate(schema, trained + args.heldout, seed=0)
+    heldout = data.take(np.arange(trained, trained + args.heldout)) if args.heldout else None
+    data = data.take(np.arange(trained)) if args.heldout else data
 
     def batches():
         # Unshuffled: every new iterator yields the same batches, so the analytic count
@@ -209,7 +219,9 @@ def main():
     info = zoo.info(args.model)
     tf.keras.utils.set_random_seed(0)
     original = info.builder(schema, **(dict(info.prepare(schema, data.features)) if info.prepare else {}))
-    options = {} if args.replicate_below is None else {"replicate_tables_below": args.replicate_below}
+    options = {"wire_dtype": args.wire_dtype}
+    if args.replicate_below is not None:
+        options["replicate_tables_below"] = args.replicate_below
     began = time.perf_counter()
     model = picasso_tf.optimize(original, warmup_data=batches(), **options)
     model.compile(tf.keras.optimizers.Adam(0.002), "binary_crossentropy")   # the zoo recipe's optimizer
@@ -219,7 +231,8 @@ def main():
 
     start, end = timer.marks["start"], timer.marks["end"]
     result = {"size": SIZE, "rank": RANK, "model": args.model, "batch": args.batch, "warmup": args.warmup,
-              "steps": args.steps, "replicate_below": args.replicate_below, "seconds_total": setup_and_train,
+              "steps": args.steps, "replicate_below": args.replicate_below, "wire_dtype": args.wire_dtype,
+              "seconds_total": setup_and_train,
               "cpu_s": end["cpu"] - start["cpu"], "wall_s": end["wall"] - start["wall"],
               "lo_bytes": end["lo"] - start["lo"]}
     for k in COUNTERS:
@@ -243,6 +256,11 @@ def main():
     timed = batches().skip(args.warmup).take(args.steps)
     result["analytic"] = analytic_exchange(ids_model, dims, vocabs, timed, SIZE, RANK)
     result.update(memory(model))
+    if heldout is not None:
+        scores = model.predict(heldout.dataset(args.batch, shuffle=False).map(lambda x, _: x), verbose=0)
+        result["heldout_auc"] = float(pdata.roc_auc(heldout.labels, scores))
+        result["heldout_log_loss"] = float(tf.keras.losses.binary_crossentropy(
+            np.reshape(heldout.labels, [-1, 1]).astype(np.float32), scores).numpy().mean())
     # For the projection: the same batches' distinct ids split over 8/64/256 owners.
     if DISTRIBUTED and args.instrument:
         result["loopback_bytes_per_s"] = loopback_bandwidth()

@@ -252,7 +252,7 @@ class PicassoModel(tf.keras.Model):
         exchanged = [storages[n] for n, k in kinds.items()
                      if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)]
         hashed = [storages[n] for n, k in kinds.items() if k in HASHED_IN_PROCESS]
-        fetch = {training: RowExchange(exchanged, world, check_ids, training) if exchanged else
+        fetch = {training: RowExchange(exchanged, world, check_ids, training, config.wire_dtype) if exchanged else
                  HashRowFetch(hashed, training, check_ids) if hashed else None for training in (True, False)}
         self._forward = {training: RewrittenForward(program.graphs[name], storages, fetch[training])
                          for training, name in ((True, "training"), (False, "inference"))}

@@ -96,6 +96,14 @@ class Config:
       MiB on CPUs (benchmarks/hybrid_parallel.txt), and sharding does not yet lower a
       rank's memory (each rank keeps the original tables), so only large groups are
       sharded by default. 0 shards every group that can be.
+    wire_dtype: under Horovod with several ranks, the type the sharded groups' rows and
+      row gradients travel in over the exchange's AllToAllv (picasso_tf.distributed.wire):
+      "float32" (the default: as they are, the step exact up to summation order) or
+      "float16" (Persia's idea: half their bytes; each rank computes in float32, the
+      rows rounded to float16 on the wire and the row gradients scaled by a power of two
+      before they are, so the updates differ from float32's by that rounding). The ids
+      stay int64, and the Allreduce of dense and replicated tables' gradients stays
+      float32. No effect in one process (there is no exchange).
     micro_batches: D-interleaving: each training step runs the batch as this many
       micro-batches (sizes differing by at most one), sums their gradients and applies
       them once: the same step as the whole batch's, up to summation order, with at most
@@ -176,6 +184,7 @@ class Config:
     steps_to_live: Optional[int] = None
     distribute: bool = True
     replicate_tables_below: int = 16 << 20
+    wire_dtype: str = "float32"
     interleaving: bool = True
     micro_batches: Union[int, str] = 1
     micro_batch_memory_budget: Optional[int] = None
@@ -204,6 +213,9 @@ class Config:
                              f"{self.interleave_excluded!r}")
         if self.replicate_tables_below < 0:
             raise ValueError(f"replicate_tables_below is a size in bytes, >= 0; got {self.replicate_tables_below}")
+        if self.wire_dtype not in ("float32", "float16"):
+            raise ValueError(f"wire_dtype is the type the exchanged rows and row gradients travel in: 'float32' "
+                             f"(as they are) or 'float16' (half the bytes); got {self.wire_dtype!r}")
         if self.hot_storage_bytes < 0:
             raise ValueError(f"hot_storage_bytes is a size in bytes, >= 0; got {self.hot_storage_bytes}")
         if self.hot_warmup_steps < 0 or self.hot_refresh_every < 1:

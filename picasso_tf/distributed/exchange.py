@@ -11,7 +11,9 @@ AllToAllv sends it.
 Owner: the keys it received, deduplicated again (two ranks asking for the same row
 must be served one row, or their gradients would overwrite each other), are looked up
 in its shards with the fused lookup kernel, one op per group, and sent back in one
-AllToAllv laid out like the keys (flattened rows, group by group).
+AllToAllv laid out like the keys (flattened rows, group by group). With
+config.wire_dtype="float16" the rows and, on the way back, their gradients travel as
+float16 (wire.py).
 
 Requester again: each group's rows land in one [fetched, dim] tensor; a site's ids
 become positions in it (ExchangedIds), which the rewritten graph's fused lookups read.
@@ -24,6 +26,7 @@ hash storage instead, and the step takes the gradient of the rows it served (``l
 """
 import tensorflow as tf
 
+from picasso_tf.distributed.wire import alltoall_rows
 from picasso_tf.distributed.world import hvd
 from picasso_tf.embedding.hybrid_hash import FetchedRowsLog, HybridHashTables
 from picasso_tf.embedding.row_keys import ID_BITS, check_table_count, keys_of, positions_of, row_id, table_number
@@ -36,8 +39,9 @@ class RowExchange:
     """The exchange of the sharded storages `storages` (picasso_tf.embedding.sharded),
     in the order every rank lays them out."""
 
-    def __init__(self, storages, world, check_ids=True, training=True):
+    def __init__(self, storages, world, check_ids=True, training=True, wire_dtype="float32"):
         self.storages, self.world, self.check_ids, self.training = list(storages), world, check_ids, training
+        self.wire_dtype = wire_dtype
         self.log = FetchedRowsLog()     # rows served from hash storage, for the training step
         self.first_table, tables = {}, []
         for g, storage in enumerate(self.storages):
@@ -68,7 +72,7 @@ class RowExchange:
         send_splits = tf.add_n(counts)
         received, received_splits = hvd().alltoall(send, splits=send_splits, name="picasso_exchange_ids")
         rows_back, back_splits = self._serve(received, received_splits)
-        fetched, _ = hvd().alltoall(rows_back, splits=back_splits, name="picasso_exchange_rows")
+        fetched = alltoall_rows(rows_back, back_splits, "picasso_exchange_rows", self.wire_dtype)
 
         dims = [s.layout.dim for s in self.storages]
         sizes = tf.stack([counts[g][d] * dims[g] for d in range(size) for g in range(groups)])

@@ -3,12 +3,14 @@ or as one process (no Horovod), for tests/test_horovod.py.
 
     hybrid_training.py OUT_DIR [--optimizers sgd,adagrad,adam] [--batches-rank1 K]
                                [--restore DIR] [--save DIR] [--no-train] [--hybrid-hash]
+                               [--wire-dtype float16] [--count-bytes]
 
 Every rank reads the same global batches of 64 samples and keeps its contiguous share,
 so N ranks train on the samples one process trains on. Per optimizer, rank 0 writes
 OUT_DIR/OPT.npz (the model's get_weights and the optimizer's table-shaped slots,
 after write_back) and OUT_DIR/OPT.json (the collectives in one training step's graph,
-the steps run); every rank writes OUT_DIR/OPT.rankR.rows.json (the rows its variables
+the steps run, the loss after each step, and with --count-bytes the bytes each
+AllToAllv of the step sent, per step); every rank writes OUT_DIR/OPT.rankR.rows.json (the rows its variables
 of each row-sharded table hold).
 """
 import argparse
@@ -28,6 +30,37 @@ except ImportError:
     hvd = None
 
 GLOBAL_BATCH, STEPS = 64, 20
+
+
+# Bytes passed to each AllToAllv, by its name, over the steps run: filled inside the
+# training step's graph by the wrapper count_alltoall_bytes installs.
+SENT = {}
+
+
+def count_alltoall_bytes():
+    """Wraps Horovod's alltoall (the exchange's calls, and Horovod's registered gradient
+    of the rows' one) to add up the bytes of the buffers each call really sends."""
+    from horovod.tensorflow import mpi_ops
+    original = mpi_ops.alltoall
+
+    def alltoall(tensor, splits=None, name=None, **kwargs):
+        key = name or "reverse_of_picasso_exchange_rows"       # Horovod's gradient names none
+        if key not in SENT:
+            with tf.init_scope():
+                SENT[key] = tf.Variable(0, dtype=tf.int64, trainable=False)
+        SENT[key].assign_add(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size)
+        return original(tensor, splits=splits, name=name, **kwargs)
+
+    mpi_ops.alltoall = hvd.alltoall = alltoall
+
+
+class Losses(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
 
 
 def world():
@@ -115,15 +148,18 @@ def run(args, optimizer, size, rank):
     batches = args.batches_rank1 if rank == 1 else STEPS
     dataset = rank_share(features, labels, batches, size, rank)
     model = picasso_tf.optimize(build(), replicate_tables_below=args.replicate_below, hybrid_hash=args.hybrid_hash,
-                                hot_storage_bytes=args.hot_bytes, hot_warmup_steps=3, hot_refresh_every=4)
+                                hot_storage_bytes=args.hot_bytes, hot_warmup_steps=3, hot_refresh_every=4,
+                                wire_dtype=args.wire_dtype)
     model.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     if args.restore:
         model.load_weights(os.path.join(args.restore, optimizer, "ckpt"))
-    counts = {}
+    counts, losses = {}, Losses()
+    for sent in SENT.values():
+        sent.assign(0)          # the previous optimizer's run
     if not args.train:
         model.optimizer.build(model.original.trainable_variables)    # its slots restore too
     if args.train:
-        model.fit(dataset, epochs=1, verbose=0, shuffle=False, callbacks=[DieAt(args.die_at, rank)])
+        model.fit(dataset, epochs=1, verbose=0, shuffle=False, callbacks=[DieAt(args.die_at, rank), losses])
         counts = collectives(model, dataset)
     if args.save:
         model.save_weights(os.path.join(args.save, optimizer, "ckpt"))
@@ -138,6 +174,8 @@ def run(args, optimizer, size, rank):
         report = model.picasso.reports["training"]["passes"]
         with open(os.path.join(args.out, f"{optimizer}.json"), "w") as f:
             json.dump({"size": size, "collectives": counts, "steps": int(model.optimizer.iterations.numpy()),
+                       "losses": losses.losses, "bytes_per_step": {
+                           k: int(v.numpy()) / max(len(losses.losses), 1) for k, v in SENT.items()},
                        "distribute": next(p for p in report if p["pass"] == "distribute")}, f, default=str)
 
 
@@ -153,8 +191,12 @@ def main():
     parser.add_argument("--replicate-below", type=int, default=0, help="bytes; 0 shards every table")
     parser.add_argument("--hybrid-hash", action="store_true", help="hash-backed tables (hybrid_hash=True)")
     parser.add_argument("--hot-bytes", type=int, default=2000, help="their hot tier, refreshed every 4 steps")
+    parser.add_argument("--wire-dtype", default="float32", help="config.wire_dtype")
+    parser.add_argument("--count-bytes", action="store_true", help="count the bytes each AllToAllv sends")
     args = parser.parse_args()
     size, rank = world()
+    if args.count_bytes:
+        count_alltoall_bytes()
     for optimizer in args.optimizers.split(","):
         run(args, optimizer, size, rank)
 
