@@ -60,3 +60,27 @@ def test_deepctr_model_is_recognised_and_trains_exactly(builder):
     optimized.picasso.write_back()
     for b, o in zip(baseline.weights, optimized.original.weights):
         np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
+
+
+def test_deepctr_hashed_features_stay_bins_under_dynamic_vocabulary_and_say_why():
+    """DeepCTR's use_hash=True hashes ids right before its embeddings, but regularises
+    every table (read whole): dynamic_vocabulary leaves them, with the reason, and the
+    model trains exactly as without it."""
+    def hashed_deepfm():
+        features = [SparseFeat(f"c{i}", 20, embedding_dim=8, use_hash=True, dtype="int64") for i in range(3)]
+        return deepctr_models.DeepFM(features, features, dnn_hidden_units=(8,), seed=1)
+    baseline, original = hashed_deepfm(), hashed_deepfm()
+    original.set_weights(baseline.get_weights())
+    optimized = picasso.optimize(original, dynamic_vocabulary=True)
+    dynamic = next(p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "dynamic_vocabulary")
+    assert not dynamic["changed"] and dynamic["left_alone"]
+    assert all("read whole by the model" in why for why in dynamic["left_alone"].values())
+    rng = np.random.default_rng(0)
+    features = {f"c{i}": rng.integers(0, 10**9, (BATCH * 5, 1)) for i in range(3)}
+    labels = (rng.random(BATCH * 5) < 0.3).astype("float32")
+    losses = {}
+    for name, model in (("baseline", baseline), ("picasso", optimized)):
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="binary_crossentropy")
+        losses[name] = [model.train_on_batch({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
+                                             labels[i * BATCH:(i + 1) * BATCH]) for i in range(5)]
+    np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-5)
