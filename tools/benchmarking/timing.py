@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 import tensorflow as tf
 
 
-class _StepTimer(tf.keras.callbacks.Callback):
+class StepTimer(tf.keras.callbacks.Callback):
     """Records the wall-clock time at the end of every training batch."""
 
     def __init__(self):
@@ -55,7 +55,7 @@ def in_memory_dataset(batches):
 
 def step_times(model, dataset, steps):
     """Trains `steps` steps with model.fit; returns the steps - 1 step intervals (s)."""
-    timer = _StepTimer()
+    timer = StepTimer()
     model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timer])
     t = timer.times
     return [b - a for a, b in zip(t, t[1:])]
