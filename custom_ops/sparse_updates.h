@@ -1,7 +1,9 @@
 // The per-row optimizer updates of picasso_tf's fused row-sparse kernels (Keras 2.15
-// semantics), shared by the sparse apply ops (sparse_apply_ops.cc) and the gradients
+// semantics), shared by the sparse apply ops (sparse_apply_ops.cc), the gradients
 // that update their tables in place (InPlaceUpdates: the stitched projection's,
-// stitched_projection_ops.cc, and the stitched lookup's, packed_lookup_ops.cc).
+// stitched_projection_ops.cc, and the stitched lookup's, packed_lookup_ops.cc) and
+// the multi-variable update of dense gradients (InPlaceUpdates::RunDense,
+// dense_apply_ops.cc), which follows Keras' dense-gradient branches instead.
 //
 // Float operation order: every expression follows keras/src/optimizers/*.py term
 // by term (e.g. Adam's `m -= m * (1 - beta_1); m += g * (1 - beta_1)`, not
@@ -126,6 +128,9 @@ void CheckMomentumSlot(ScalarInputs<T>& in, bool has_momentum, T momentum) {
 //   Row<kTouched>(var, slots, grad, d)  one row of d elements (grad: null when
 //                           !kTouched). Row<false> must treat each element on its
 //                           own: the exact form passes a run of rows as one row.
+//   Dense(var, slots, grad, d)  d elements of a variable with a dense gradient,
+//                           as Keras' dense branch (element by element: a variable
+//                           may be cut anywhere).
 
 // SGD (keras/src/optimizers/sgd.py, IndexedSlices branch); slots: [] or [m].
 //   plain:     var += -g * lr                                (rows with a gradient)
@@ -172,10 +177,28 @@ class SgdUpdate {
     }
   }
 
+  // Keras' dense branch, `m = -g * lr + m * momentum`, rounds as Row<true> (a sum
+  // of the same two terms), except Nesterov's step: var += -g * lr + m * momentum.
+  void Dense(T* var, T* const* slots, const T* g, int64_t d) const {
+    if (has_momentum_ && nesterov_) {
+      NesterovDense(var, slots[0], g, d);
+    } else {
+      Row<true>(var, slots, g, d);
+    }
+  }
+
  private:
   // Unaliased tables and constants in locals (see AdamUpdate::Moments).
   static void Plain(T* __restrict var, const T* __restrict g, int64_t d, T lr) {
     for (int64_t j = 0; j < d; ++j) var[j] += -g[j] * lr;
+  }
+
+  void NesterovDense(T* __restrict var, T* __restrict m, const T* __restrict g, int64_t d) const {
+    const T lr = lr_, momentum = momentum_;
+    for (int64_t j = 0; j < d; ++j) {
+      m[j] = -g[j] * lr + m[j] * momentum;
+      var[j] += -g[j] * lr + m[j] * momentum;
+    }
   }
 
   template <bool kTouched, bool kNesterov>
@@ -219,6 +242,10 @@ class AdagradUpdate {
   void Row(T* var, T* const* slots, const T* g, int64_t d) const {
     if constexpr (kTouched) Accumulate(var, slots[0], g, d, neg_lr_, epsilon_);
   }
+
+  // Keras' dense branch, `var -= lr * g / sqrt(accumulator + epsilon)`, rounds as
+  // Row<true> (negation is exact).
+  void Dense(T* var, T* const* slots, const T* g, int64_t d) const { Row<true>(var, slots, g, d); }
 
  private:
   // Unaliased tables and constants in locals (see AdamUpdate::Moments).
@@ -268,6 +295,9 @@ class FtrlUpdate {
       Step<kTouched, false>(var, slots[0], slots[1], g, d);
     }
   }
+
+  // Keras' only branch is the dense one.
+  void Dense(T* var, T* const* slots, const T* g, int64_t d) const { Row<true>(var, slots, g, d); }
 
  private:
   // Unaliased tables and constants in locals (see AdamUpdate::Moments); the usual
@@ -342,6 +372,16 @@ class AdamUpdate {
     }
   }
 
+  // Keras' dense branch: m += (g - m) * (1 - beta1);  v += (g * g - v) * (1 - beta2);
+  // then as Row<true>.
+  void Dense(T* var, T* const* slots, const T* g, int64_t d) const {
+    if (amsgrad_) {
+      DenseMoments<true>(var, slots[0], slots[1], slots[2], g, d);
+    } else {
+      DenseMoments<false>(var, slots[0], slots[1], nullptr, g, d);
+    }
+  }
+
  private:
   // The row loop with the tables marked unaliased (a locked table's buffer is its
   // own) and the constants in locals, so that GCC vectorises it without run-time
@@ -357,6 +397,19 @@ class AdamUpdate {
         m[j] += g[j] * c1;
         v[j] += g[j] * g[j] * c2;
       }
+      T second_moment = v[j];
+      if constexpr (kAmsgrad) second_moment = vhat[j] = std::max(vhat[j], v[j]);
+      var[j] -= m[j] * alpha / (std::sqrt(second_moment) + eps);
+    }
+  }
+
+  template <bool kAmsgrad>
+  void DenseMoments(T* __restrict var, T* __restrict m, T* __restrict v, T* __restrict vhat,
+                    const T* __restrict g, int64_t d) const {
+    const T alpha = alpha_, c1 = one_minus_beta1_, c2 = one_minus_beta2_, eps = epsilon_;
+    for (int64_t j = 0; j < d; ++j) {
+      m[j] += (g[j] - m[j]) * c1;
+      v[j] += (g[j] * g[j] - v[j]) * c2;
       T second_moment = v[j];
       if constexpr (kAmsgrad) second_moment = vhat[j] = std::max(vhat[j], v[j]);
       var[j] -= m[j] * alpha / (std::sqrt(second_moment) + eps);
@@ -428,6 +481,10 @@ class RmspropUpdate {
     }
   }
 
+  // Keras' dense branch, `velocity = rho * velocity + (1 - rho) * g^2` (and likewise
+  // the average and momentum), rounds as Row<true>: sums of the same terms.
+  void Dense(T* var, T* const* slots, const T* g, int64_t d) const { Row<true>(var, slots, g, d); }
+
  private:
   // Unaliased tables and constants in locals (see AdamUpdate::Moments).
   template <bool kTouched, bool kCentered, bool kMomentum>
@@ -463,14 +520,20 @@ class RmspropUpdate {
 };
 
 
-// Keras' decoupled weight decay (var -= var * weight_decay * lr, skipped when
-// weight_decay is 0), then the update's step, on one row: var and slots point at it.
-template <bool kTouched, typename Update, typename T>
-inline void UpdateRow(const Update& update, T* var, T* const* slots, const T* g, int64_t d,
-                      T weight_decay, T lr) {
+// Keras' decoupled weight decay, var -= var * weight_decay * lr, on d elements
+// (skipped when weight_decay is 0).
+template <typename T>
+inline void DecayWeights(T* var, int64_t d, T weight_decay, T lr) {
   if (weight_decay != T(0)) {
     for (int64_t j = 0; j < d; ++j) var[j] -= var[j] * weight_decay * lr;
   }
+}
+
+// The weight decay, then the update's step, on one row: var and slots point at it.
+template <bool kTouched, typename Update, typename T>
+inline void UpdateRow(const Update& update, T* var, T* const* slots, const T* g, int64_t d,
+                      T weight_decay, T lr) {
+  DecayWeights(var, d, weight_decay, lr);
   update.template Row<kTouched>(var, slots, g, d);
 }
 
@@ -498,7 +561,7 @@ class AnyUpdate {
   }
 
   // Builds this call's update from the scalars and calls fn(update) with it, the
-  // update's concrete type known to fn (its rows inline).
+  // update's concrete type known to fn (its rows inline, its kCostPerElement).
   template <typename Fn>
   Status With(ScalarInputs<T>& scalars, const Fn& fn) const {
     return std::visit([&](const auto& chosen) -> Status {
@@ -599,9 +662,9 @@ class LockedVariables {
 // The tables that a gradient kernel updates in place instead of returning their
 // gradients: the op's G "vars", their optimizer slots "slots" (num_slots per table,
 // table by table, in the order the PicassoSparseApply op of `optimizer` takes them)
-// and that op's scalar inputs as "hyper", named by hyper_names. Only rows with a
-// gradient are updated (the lazy form, which is Keras' own for Adagrad and
-// momentum-free SGD).
+// and that op's scalar inputs as "hyper", named by hyper_names. Run updates only
+// rows with a gradient (the lazy form, which is Keras' own for Adagrad and
+// momentum-free SGD); RunDense whole variables from dense gradients (any shape).
 template <typename T>
 class InPlaceUpdates {
  public:
@@ -679,6 +742,30 @@ class InPlaceUpdates {
                             lr);
           }
         });
+      });
+    }
+
+    // Calls fn(apply, cost) with this call's update, where apply(t, begin, end, grad,
+    // decayed) runs Keras' dense-gradient update on elements [begin, end) of table t
+    // (any shape), grad pointing at their gradients, after the weight decay where
+    // `decayed`; cost: the update's cost per element. Calls for disjoint elements may
+    // run at once.
+    template <typename Fn>
+    Status RunDense(OpKernelContext* ctx, const Fn& fn) {
+      const int num_tables = updates_->num_tables_, num_slots = updates_->num_slots_;
+      ScalarInputs<T> scalars(ctx, updates_->hyper_names_, "hyper");
+      const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
+      return updates_->update_.With(scalars, [&](const auto& update) {
+        auto apply = [&](int t, int64_t begin, int64_t end, const T* grad, bool decayed) {
+          T* var = vars_[t].flat<T>().data() + begin;
+          T* slots[kMaxSlots] = {};
+          for (int k = 0; k < num_slots; ++k) {
+            slots[k] = vars_[num_tables + t * num_slots + k].flat<T>().data() + begin;
+          }
+          if (decayed) DecayWeights(var, end - begin, weight_decay, lr);
+          update.Dense(var, slots, grad, end - begin);
+        };
+        fn(apply, std::decay_t<decltype(update)>::kCostPerElement);
       });
     }
 

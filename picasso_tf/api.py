@@ -39,6 +39,7 @@ from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.export import export_saved_model
 from picasso_tf.graph.capture import check_has_call, input_signature
 from picasso_tf.graph.rebuild import conform_inputs
+from picasso_tf.runtime.dense_update import make_dense_update
 from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
 from picasso_tf.runtime.micro_batches import check_losses, embedding_cut, loss_refusal, run_micro_batches
@@ -307,8 +308,10 @@ class PicassoModel(tf.keras.Model):
         trainable = [v for v in self._forward[True].variables if v.ref() in training] + shards
         fetch = self._forward[True].fetch
         fetched_rows = fetch.log.take if fetch is not None else (lambda: [])
+        dense_update, dense_note = make_dense_update(optimizer, self.picasso.config)
         return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read,
-                            world=self.picasso.world, sharded=shards, fetched_rows=fetched_rows), note
+                            world=self.picasso.world, sharded=shards, fetched_rows=fetched_rows,
+                            dense_update=dense_update), "; ".join(filter(None, [note, dense_note]))
 
     def _ensure_rewritten(self, inputs):
         if self._forward is None:

@@ -142,6 +142,14 @@ class Config:
       k_interleave entry lists them with the reason.
     fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels
       (when the user's optimizer is supported) instead of the Keras optimizer.
+    fused_dense_optimizer: update the other (dense) variables with one multi-tensor op
+      per dtype that does what the Keras optimizer's apply_gradients does (SGD with
+      momentum and Nesterov, Adagrad, FTRL, Adam, AdamW, RMSprop; weight decay,
+      constraints, schedules), on its own slot variables, in Keras' float operation
+      order, instead of Keras' few ops per variable (picasso_tf.runtime.dense_update).
+      Where Keras does something it does not (gradient clipping, use_ema, mixed
+      precision, a subclass overriding the update) it stands down to Keras and the
+      report's optimizer line says why. Off with packing=False too (the ablation).
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
       SGD without momentum, the lazy forms) and a table's gradient comes from one stitched
       projection or stitched lookup, apply the update inside the kernel that computes the
@@ -192,6 +200,7 @@ class Config:
     interleave_groups: int = 1
     interleave_excluded: Union[str, Tuple[str, ...]] = "auto"
     fused_optimizer: bool = True
+    fused_dense_optimizer: bool = True
     apply_in_gradient: bool = True
     lazy_optimizer: bool = False
     check_ids: bool = True

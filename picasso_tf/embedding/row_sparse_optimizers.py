@@ -96,18 +96,22 @@ class RowSparseOptimizer:
     Attributes:
       optimizer: the Keras optimizer whose hyper-parameters are read at each ``apply``.
       lazy: update only the rows with a gradient (see the module docstring).
+      dense_gradients: the updates serve dense gradients (picasso_tf.ops.dense_apply),
+        for which Keras writes every slot it keeps (SGD's "m" even with momentum 0).
       slot_names: the Keras slot variables an update uses (Keras' names).
     """
 
-    def __init__(self, optimizer, lazy=False):
+    def __init__(self, optimizer, lazy=False, dense_gradients=False):
         self.optimizer = optimizer
         self.lazy = bool(lazy)
+        self.dense_gradients = bool(dense_gradients)
         self.slot_names = self._slot_names()
 
     @staticmethod
-    def from_keras(optimizer, lazy=False) -> "RowSparseOptimizer":
-        """The RowSparseOptimizer for a Keras optimizer; raises UnsupportedOptimizerError."""
-        family, name = _family_of(optimizer), type(optimizer).__name__
+    def from_keras(optimizer, lazy=False, dense_gradients=False, fallback=_FALLBACK) -> "RowSparseOptimizer":
+        """The RowSparseOptimizer for a Keras optimizer; raises UnsupportedOptimizerError,
+        whose message ends with `fallback` (what the user can do instead)."""
+        family, name = _family_of(optimizer, fallback), type(optimizer).__name__
         for option in ("clipnorm", "clipvalue", "global_clipnorm"):
             value = getattr(optimizer, option, None)
             if value is not None and value > 0:
@@ -115,13 +119,13 @@ class RowSparseOptimizer:
                     f"The Keras {name} optimizer has `{option}={value}`, which the "
                     "fused row-sparse updates cannot honour exactly (Keras clips an "
                     "embedding's gradient as one row per lookup; the fused gradients have "
-                    f"one summed row per id). Remove the option, or {_FALLBACK}.")
+                    f"one summed row per id). Remove the option, or {fallback}.")
         if getattr(optimizer, "use_ema", False):
             raise UnsupportedOptimizerError(
                 f"The Keras {name} optimizer has `use_ema=True`; the fused "
                 f"row-sparse updates keep no moving average of the tables. Remove the "
-                f"option, or {_FALLBACK}.")
-        return family(optimizer, lazy=lazy)
+                f"option, or {fallback}.")
+        return family(optimizer, lazy=lazy, dense_gradients=dense_gradients)
 
     def keras_slots(self, table: tf.Variable) -> dict:
         """{slot: the Keras optimizer's slot variable of `table`}, for ``apply``."""
@@ -228,7 +232,7 @@ class _Sgd(RowSparseOptimizer):
     def _slot_names(self):
         momentum = self.optimizer.momentum
         # Keras always keeps "m", but with momentum 0 it changes no row without a gradient.
-        return () if _is_number(momentum) and momentum == 0 else ("m",)
+        return () if _is_number(momentum) and momentum == 0 and not self.dense_gradients else ("m",)
 
     def _update(self, slots, dtype, iteration, lr, weight_decay):
         return sparse_apply.sgd_update(
@@ -322,20 +326,20 @@ def _keras_families():
             (k.Adam, _Adam), (k.RMSprop, _Rmsprop))
 
 
-def _family_of(optimizer):
+def _family_of(optimizer, fallback):
     name = type(optimizer).__name__
     supported = ", ".join(f"tf.keras.optimizers.{n}" for n in SUPPORTED)
     if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
         raise UnsupportedOptimizerError(
             f"{name} is a legacy Keras optimizer (tf.keras.optimizers.legacy), whose sparse "
-            f"updates differ from the current ones; use {supported}, or {_FALLBACK}.")
+            f"updates differ from the current ones; use {supported}, or {fallback}.")
     for keras_class, family in _keras_families():
         if isinstance(optimizer, keras_class):
             if type(optimizer).update_step is not keras_class.update_step:
                 raise UnsupportedOptimizerError(
                     f"{name} overrides {keras_class.__name__}.update_step, so its update is "
-                    f"unknown to the fused row-sparse kernels; {_FALLBACK}.")
+                    f"unknown to the fused row-sparse kernels; {fallback}.")
             return family
     raise UnsupportedOptimizerError(
         f"The Keras optimizer {name} has no fused row-sparse update. Supported: {supported}. "
-        f"Otherwise {_FALLBACK}.")
+        f"Otherwise {fallback}.")

@@ -10,6 +10,8 @@ takes it returns no gradient for those tables.
 import contextlib
 import threading
 
+from picasso_tf.ops.sparse_apply import in_place_inputs
+
 _in_gradient = threading.local()
 
 
@@ -63,10 +65,6 @@ def planned_updates(tables):
 def apply_in_gradient(grad_apply_op, planned, dtype, /, **inputs):
     """Calls ``grad_apply_op`` (a gradient-and-apply op) on the planned tables and the
     gradient's own ``inputs``, records it with the hook and returns its result."""
-    first = planned[0][1]
-    hyper = first.hyper_tensors(dtype)
-    result = grad_apply_op(vars=[v.handle for v, _ in planned], slots=[s.handle for _, u in planned for s in u.slots],
-                    hyper=list(hyper.values()), hyper_names=list(hyper), optimizer=first.optimizer,
-                    num_slots=len(first.slots), **first.attrs, **inputs)
+    result = grad_apply_op(**in_place_inputs(planned, dtype), **inputs)
     _in_gradient.updates.record(getattr(result, "op", result), [v for v, _ in planned])
     return result

@@ -42,6 +42,18 @@ class Update:
         return {k: tf.convert_to_tensor(v, dtype=dtype) for k, v in self.hyper.items()}
 
 
+def in_place_inputs(planned, dtype):
+    """The inputs and attributes of an op that runs one Update on several variables
+    (custom_ops/sparse_updates.h, PICASSO_IN_PLACE_UPDATE_ATTRS), from ``planned``,
+    a list of (variable, Update): the Updates may differ only in their slot variables
+    (the first's hyper-parameters serve all)."""
+    first = planned[0][1]
+    hyper = first.hyper_tensors(dtype)
+    return dict(vars=[v.handle for v, _ in planned], slots=[s.handle for _, u in planned for s in u.slots],
+                hyper=list(hyper.values()), hyper_names=list(hyper), optimizer=first.optimizer,
+                num_slots=len(first.slots), **first.attrs)
+
+
 def apply(var, indices, grad, update, *, lazy=False, name=None):
     """Runs ``update`` on the rows ``indices`` of ``var`` with gradient rows ``grad``."""
     kernel = getattr(load(), f"picasso_sparse_apply_{update.optimizer}")

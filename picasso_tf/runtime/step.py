@@ -14,7 +14,8 @@ The step's stages, in order (ARCHITECTURE.md §2):
   exchange    collectives (Horovod: tables' row gradients to their owners over
               AllToAllv, dense gradients in one grouped Allreduce; one process: none)
   apply       fused row-sparse updates on the storage (a hash storage's fetched rows by
-              its own ops), the Keras optimizer for the rest
+              its own ops), the Keras optimizer's update for the rest (fused into one op
+              per dtype where it is exact, picasso_tf.runtime.dense_update)
 
 When nothing stands between backward and apply (one process) the step may fuse
 them: the stitched lookups' and projections' gradient kernels then update their
@@ -31,6 +32,7 @@ from picasso_tf.graph.graph_def_util import split_off
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
 from picasso_tf.ops.in_gradient import update_tables_in_gradient
 from picasso_tf.program import ExchangedIds, FetchedRows, StorageRef
+from picasso_tf.runtime.dense_update import KerasDenseUpdate
 from picasso_tf.runtime.fused_update import InGradientUpdates, _captured_from
 
 
@@ -150,16 +152,18 @@ class TrainingStep:
     original model too); fused: the FusedTableUpdate of the storages, or None;
     fetched_rows: FetchedRowsLog.take of the forward pass's fetch (picasso_tf.embedding.
     hybrid_hash): the hash storages' rows fetched by the forward pass being traced,
-    whose gradients update them."""
+    whose gradients update them; dense_update: the update of the other variables, which
+    advances optimizer.iterations (picasso_tf.runtime.dense_update)."""
 
     def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=(),
-                 fetched_rows=lambda: []):
+                 fetched_rows=lambda: [], dense_update=KerasDenseUpdate()):
         self.trainable = list(trainable)
         self.tables = {v.ref() for v in table_variables} - {v.ref() for v in densely_read}
         self.fused = fused
         self.world = world
         self.sharded = {v.ref() for v in sharded}   # shard variables: their gradients reach their owner
         self.fetched_rows = fetched_rows
+        self.dense_update = dense_update
 
     def run(self, optimizer, loss):
         """Adds the step's updates; returns the tables updated inside their gradient kernels."""
@@ -234,7 +238,7 @@ class TrainingStep:
 
     def apply(self, optimizer, gradients):
         if self.fused is None:
-            optimizer.apply_gradients(gradients.tables + gradients.dense)
+            self.dense_update.apply(optimizer, gradients.tables + gradients.dense)
             return
         # The fused updates read optimizer.iterations before Keras increments it, so both
         # halves of the step use the same step count.
@@ -246,15 +250,7 @@ class TrainingStep:
             updated = [v for _, v in gradients.tables] + gradients.updated_in_gradient
             update = tf.group([v.assign(v.constraint(v)) for v in updated if v.constraint is not None] + [update])
         with tf.control_dependencies([update]):
-            if gradients.dense:
-                # With only dense gradients, Keras' aggregation goes through an all_reduce
-                # under @tf.custom_gradient, which registers a gradient function holding
-                # the whole step graph in TF's global registry at every trace (a leak of
-                # each optimize + fit). Across one replica that sum is the identity.
-                one_replica = tf.distribute.get_replica_context().num_replicas_in_sync == 1
-                optimizer.apply_gradients(gradients.dense, experimental_aggregate_gradients=not one_replica)
-            else:
-                optimizer.iterations.assign_add(1)
+            self.dense_update.apply(optimizer, gradients.dense)
 
 
 def _sum_per_variable(grads_and_vars_lists):
