@@ -141,14 +141,20 @@ class PicassoInfo:
     def export(self, directory):
         """Writes a SavedModel of the original model with the trained weights, which
         stock TensorFlow loads and serves without picasso_tf (picasso_tf.export)."""
+        self.refuse_without_vocabularies("model.picasso.export")
+        with self.whole_tables():
+            export_saved_model(self.original, directory)
+
+    def refuse_without_vocabularies(self, what):
+        """Refuses `what`, which would hold the original model's variables alone, when
+        dynamic vocabularies trained tables of their own."""
         dynamic = [s.name for s in self.storages.values() if s.kind == DynamicVocabularyTables.kind]
         if dynamic:
             raise UnsupportedModelError(
-                f"picasso_tf: cannot export: groups {dynamic} were trained with dynamic vocabularies, keyed by raw "
-                "id, while the original model looks its hash bins up in its own (untrained) tables. Export the "
-                "trained keys and rows with model.picasso.vocabulary()")
-        with self.whole_tables():
-            export_saved_model(self.original, directory)
+                f"picasso_tf: {what} would hold the model's own tables, its untrained hash bins, not the dynamic "
+                f"vocabularies trained for groups {dynamic} (keyed by raw id). Use tf.train.Checkpoint or "
+                "save_weights in TensorFlow's format (not .h5/.keras), which carry them, and "
+                "model.picasso.vocabulary() for the trained keys and rows")
 
     def vocabulary(self):
         """{logical table name: (keys, rows)} of the dynamic-vocabulary tables (NumPy,
@@ -407,6 +413,7 @@ class PicassoModel(tf.keras.Model):
     # hybrid parallelism that gathers every rank's shards, so every rank calls save, and
     # rank 0 alone writes (the ranks would otherwise write the same files at once).
     def save(self, *args, **kwargs):
+        self.picasso.refuse_without_vocabularies("model.save")
         with self.picasso.whole_tables():
             if current_world().rank == 0:
                 return super().save(*args, **kwargs)
@@ -416,6 +423,8 @@ class PicassoModel(tf.keras.Model):
         TensorFlow's checkpoint format each rank writes its own rows of the row-sharded
         tables and rank 0 merges them (picasso_tf.distributed.checkpoint), so no rank
         holds a whole table; the one-file formats (.h5) gather the tables first."""
+        if not _tensorflow_format(filepath, save_format):
+            self.picasso.refuse_without_vocabularies(f"save_weights({str(filepath)!r})")
         world = current_world()
         sharded = self.picasso._row_sharded()
         if world.distributed and sharded and _tensorflow_format(filepath, save_format):
@@ -426,6 +435,7 @@ class PicassoModel(tf.keras.Model):
                 return super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
 
     def get_weights(self):
+        self.picasso.refuse_without_vocabularies("get_weights")
         with self.picasso.whole_tables():
             return super().get_weights()
 

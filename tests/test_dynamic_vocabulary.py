@@ -247,6 +247,20 @@ def test_checkpoint_round_trip_then_training_goes_on_identically(tmp_path):
     assert train(second, data[3:]) == train(first, data[3:])
 
 
+def test_save_weights_in_tensorflow_format_carries_the_vocabularies(tmp_path):
+    first = only_user_model(admit_after=2)
+    for x in [[[1], [2], [2]], [[1], [3], [4]]]:
+        first.train_on_batch(np.array(x), np.ones((3, 1), np.float32))
+    first.save_weights(str(tmp_path / "weights"))
+    second = only_user_model(admit_after=2)
+    second.load_weights(str(tmp_path / "weights"))
+    for a, b in zip(table_of(first, "emb_user").export(), table_of(second, "emb_user").export()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert keys_held(second) == [1, 2]
+    second.train_on_batch(np.array([[3]]), np.ones((1, 1), np.float32))      # its second lookup: admitted
+    assert keys_held(second) == [1, 2, 3]
+
+
 def test_restoring_into_a_smaller_capacity_keeps_the_keys_ranked_first(tmp_path):
     first = only_user_model()
     for x in [[[1], [2], [3]], [[1], [2], [4]], [[1], [5], [6]]]:
@@ -287,8 +301,12 @@ def test_refusals_name_the_option():
     model.compile(tf.keras.optimizers.Adam(), "binary_crossentropy")
     with pytest.raises(UnsupportedModelError, match="dynamic_vocabulary.*SGD without momentum or Adagrad.*Adam"):
         model.train_on_batch(*batches(1)[0])
-    with pytest.raises(UnsupportedModelError, match="cannot export.*model.picasso.vocabulary"):
-        model.picasso.export("/tmp/never")
+    for what, call in [("model.picasso.export", lambda: model.picasso.export("/tmp/never")),
+                       ("model.save", lambda: model.save("/tmp/never.keras")),
+                       ("save_weights", lambda: model.save_weights("/tmp/never.h5")),
+                       ("get_weights", model.get_weights)]:
+        with pytest.raises(UnsupportedModelError, match=f"{what}.*untrained hash bins.*model.picasso.vocabulary"):
+            call()
     with pytest.raises(UnsupportedModelError, match="micro_batches=2"):
         picasso.optimize(hashed_model(), dynamic_vocabulary=True, micro_batches=2)
     with pytest.raises(UnsupportedModelError, match="dynamic_vocabulary.*packing=False"):
