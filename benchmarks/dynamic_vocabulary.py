@@ -75,7 +75,8 @@ def variants(args):
     out = []
     for bins in args.bins:
         out.append((f"keras bins={bins}", lambda b=bins: keras_model(b), 2 * bins * len(FEATURES)))
-        out.append((f"picasso bins={bins}", lambda b=bins: picasso_tf.optimize(keras_model(b)), 2 * bins * len(FEATURES)))
+        out.append((f"picasso bins={bins}", lambda b=bins: picasso_tf.optimize(keras_model(b)),
+                    2 * bins * len(FEATURES)))
     out.append(("dynamic", lambda: picasso_tf.optimize(keras_model(big), dynamic_vocabulary=True), None))
     out.append(("dynamic admit_after=2",
                 lambda: picasso_tf.optimize(keras_model(big), dynamic_vocabulary=True, admit_after=2), None))

@@ -302,7 +302,8 @@ class PicassoModel(tf.keras.Model):
         fused, note = make_fused_update(optimizer, storages, self.picasso.config)
         hashed = [s for s in storages if s.kind in HASHED_IN_PROCESS]
         if hashed and fused is None:
-            option = "hybrid_hash=True" if any(s.kind == HybridHashTables.kind for s in hashed) else "dynamic_vocabulary"
+            hybrid = any(s.kind == HybridHashTables.kind for s in hashed)
+            option = "hybrid_hash=True" if hybrid else "dynamic_vocabulary"
             raise UnsupportedModelError(f"picasso_tf: {option} needs the fused row-sparse updates, and {note}")
         for storage in hashed:
             storage.bind(fused.optimizer)

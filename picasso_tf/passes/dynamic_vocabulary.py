@@ -22,7 +22,8 @@ import tensorflow as tf
 from picasso_tf.distributed.world import current_world
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name, unique_name
-from picasso_tf.passes.fetched_rows import FUSED_LOOKUPS, fetch_rows_per_step, table_reads, why_read_in_place
+from picasso_tf.passes.fetched_rows import (FUSED_LOOKUPS, check_hash_storage_options, fetch_rows_per_step,
+                                           table_reads, why_read_in_place)
 from picasso_tf.program import ExchangedIds
 
 KIND = "dynamic_vocabulary"
@@ -38,18 +39,12 @@ def dynamic_vocabulary(program, graph, config):
         raise UnsupportedModelError(
             f"picasso_tf: dynamic_vocabulary={config.dynamic_vocabulary!r} under Horovod is not built yet (each "
             "rank would need the owner of every raw id); train it on one process, or set dynamic_vocabulary=False")
-    if config.micro_batches != 1:
-        raise UnsupportedModelError(
-            f"picasso_tf: dynamic_vocabulary with micro_batches={config.micro_batches!r} is not built yet (each "
-            "micro-batch would insert and update its keys apart); use micro_batches=1")
+    check_hash_storage_options(config, "dynamic_vocabulary")
     if not config.pass_enabled("k_packing"):
         raise UnsupportedModelError(
-            f"picasso_tf: dynamic_vocabulary keys the fused lookups' tables by raw id, and with packing={config.packing}, "
-            f"d_packing={config.d_packing}, k_packing={config.k_packing} no lookup is fused; turn packing on")
-    if not config.fused_optimizer:
-        raise UnsupportedModelError(
-            "picasso_tf: dynamic_vocabulary needs fused_optimizer=True: its hash tables are updated by the "
-            "fused row-sparse optimizers, not by the Keras optimizer")
+            f"picasso_tf: dynamic_vocabulary keys the fused lookups' tables by raw id, and with "
+            f"packing={config.packing}, d_packing={config.d_packing}, k_packing={config.k_packing} no lookup is "
+            "fused; turn packing on")
     captured = program.graphs[graph]
     index = GraphIndex(captured.graph_def)
     reads = table_reads(captured, index)

@@ -14,12 +14,26 @@ placeholders go.
 import dataclasses
 
 import tensorflow as tf
+
+from picasso_tf.errors import UnsupportedModelError
 from tensorflow.core.framework import graph_pb2
 
 from picasso_tf.graph.graph_def_util import canonical, drop_stale_colocations, split_tensor_name, unique_name
 from picasso_tf.program import ExchangedIds, FetchedRows, StorageRef
 
 FUSED_LOOKUPS = ("PicassoPackedLookup", "PicassoStitchedLookup", "PicassoStitchedProjection")
+
+
+def check_hash_storage_options(config, option):
+    """Refuses by name the options a hash-backed storage (chosen by `option`) cannot serve."""
+    if config.micro_batches != 1:
+        raise UnsupportedModelError(
+            f"picasso_tf: {option} with micro_batches={config.micro_batches!r} is not built yet (each "
+            f"micro-batch would fetch and update its rows apart); use micro_batches=1 with {option}")
+    if not config.fused_optimizer:
+        raise UnsupportedModelError(
+            f"picasso_tf: {option} needs fused_optimizer=True: its hash tables are updated by the fused "
+            "row-sparse optimizers, not by the Keras optimizer")
 
 
 def table_reads(captured, index):

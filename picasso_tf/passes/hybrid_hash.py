@@ -10,22 +10,15 @@ Every other group stays read in place; the report names it and why.
 """
 import dataclasses
 
-from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import GraphIndex
-from picasso_tf.passes.fetched_rows import fetch_rows_per_step, table_reads, why_read_in_place
+from picasso_tf.passes.fetched_rows import (check_hash_storage_options, fetch_rows_per_step, table_reads,
+                                           why_read_in_place)
 
 KIND = "hybrid_hash"
 
 
 def hybrid_hash(program, graph, config):
-    if config.micro_batches != 1:
-        raise UnsupportedModelError(
-            f"picasso_tf: hybrid_hash=True with micro_batches={config.micro_batches!r} is not built yet (each "
-            "micro-batch would fetch its rows apart); use micro_batches=1 with hybrid_hash=True")
-    if not config.fused_optimizer:
-        raise UnsupportedModelError(
-            "picasso_tf: hybrid_hash=True needs fused_optimizer=True: the hash storage is updated by the fused "
-            "row-sparse optimizers, not by the Keras optimizer")
+    check_hash_storage_options(config, "hybrid_hash=True")
     captured = program.graphs[graph]
     index = GraphIndex(captured.graph_def)
     reads = table_reads(captured, index)
