@@ -8,8 +8,9 @@
 // is an open-addressing table (linear probing, at most 3/4 full) of 16-byte buckets
 // {key, row pointer}, and an arena of rows: chunks that are allocated as the partition
 // grows and never move, so a rehash only rewrites the buckets, and a row's address is
-// stable for the table's life. A row is a 24-byte header (count, last step, update
-// stamp) followed by the value and then the slots, contiguous.
+// stable while its key is in the table (an erased key's row is reused by a later
+// insert). A row is a 24-byte header (count, last step, update stamp) followed by the
+// value and then the slots, contiguous.
 //
 // Determinism. A batch is processed partition by partition, each partition's keys in
 // batch order, so that one thread owning whole partitions needs no lock and the
@@ -214,7 +215,7 @@ class Table {
   }
 
   // As FindOrInsert, but rows[i] is keys[i]'s row itself (header, value, slots; its
-  // address is stable until the next Import), for kernels that read or update rows in
+  // address is stable until the next Import or Erase), for kernels that read or update rows in
   // place.
   void FindOrInsertRows(const int64_t* keys, int64_t n, int64_t step, char** rows,
                         const ParallelFor* pf) {
@@ -303,6 +304,45 @@ class Table {
     });
   }
 
+  // Erases the keys (missing ones are skipped); their rows go to their partition's
+  // free list, which its next inserts take first.
+  void Erase(const int64_t* keys, int64_t n, const ParallelFor* pf) {
+    ByPartition(keys, n, pf,
+                [&](Partition& part, int64_t, int64_t key, uint64_t h) { part.Erase(key, h); });
+  }
+
+  // Evicts every key last looked up before `stale_before`, then all but the `keep` keys
+  // ranked first: looked up most, then most recently, then the smaller key (a total
+  // order, so the keys kept do not depend on the table's layout). Returns how many went.
+  int64_t Evict(int64_t keep, int64_t stale_before, const ParallelFor* pf) {
+    struct Ranked {
+      int64_t count, last_step, key;
+    };
+    std::vector<Ranked> live, victims;
+    for (const auto& p : partitions_) {
+      for (const Bucket& b : p.buckets) {
+        if (b.row == nullptr) continue;
+        const RowHeader* header = Header(b.row);
+        (header->last_step < stale_before ? victims : live)
+            .push_back({header->count, header->last_step, b.key});
+      }
+    }
+    if (static_cast<int64_t>(live.size()) > keep) {
+      auto first = [](const Ranked& a, const Ranked& b) {
+        if (a.count != b.count) return a.count > b.count;
+        if (a.last_step != b.last_step) return a.last_step > b.last_step;
+        return a.key < b.key;
+      };
+      std::nth_element(live.begin(), live.begin() + keep, live.end(), first);
+      victims.insert(victims.end(), live.begin() + keep, live.end());
+    }
+    std::vector<int64_t> keys(victims.size());
+    for (size_t i = 0; i < victims.size(); ++i) keys[i] = victims[i].key;
+    std::sort(keys.begin(), keys.end());  // the buckets end the same whatever the scan order
+    Erase(keys.data(), keys.size(), pf);
+    return keys.size();
+  }
+
   // All keys in increasing order with their rows.
   std::vector<std::pair<int64_t, char*>> SortedRows() const {
     std::vector<std::pair<int64_t, char*>> out;
@@ -365,6 +405,7 @@ class Table {
     int64_t size = 0;
     std::vector<std::unique_ptr<char[]>> chunks;
     int64_t chunk_rows = 0, chunk_used = 0, arena_rows = 0;
+    std::vector<char*> free_rows;  // rows of erased keys, reused first
 
     explicit Partition(int64_t capacity) {
       int64_t cap = 8;
@@ -406,6 +447,29 @@ class Table {
       return row;
     }
 
+    // Frees the key's bucket by backward-shift deletion: the keys after it in its
+    // probe run move back where their own probe passes, so lookups need no tombstones.
+    void Erase(int64_t key, uint64_t h) {
+      uint64_t hole = h & mask;
+      for (;; hole = (hole + 1) & mask) {
+        if (buckets[hole].row == nullptr) return;
+        if (buckets[hole].key == key) break;
+      }
+      free_rows.push_back(buckets[hole].row);
+      --size;
+      for (uint64_t j = (hole + 1) & mask; buckets[j].row != nullptr; j = (j + 1) & mask) {
+        const uint64_t home = KeyHash(buckets[j].key) & mask;
+        // The key at j may fill the hole unless its home lies cyclically in (hole, j].
+        const bool home_after_hole =
+            hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+        if (!home_after_hole) {
+          buckets[hole] = buckets[j];
+          hole = j;
+        }
+      }
+      buckets[hole] = Bucket{0, nullptr};
+    }
+
     // Twice the buckets; every key moves to its bucket in the new array, the rows stay.
     void Grow() {
       std::vector<Bucket> old(buckets.size() * 2, Bucket{0, nullptr});
@@ -423,6 +487,11 @@ class Table {
     // (at most a third of its rows unused) and a large one leaves at most 1024 rows
     // unused per partition.
     char* NewRow(int64_t row_bytes) {
+      if (!free_rows.empty()) {
+        char* row = free_rows.back();
+        free_rows.pop_back();
+        return row;
+      }
       if (chunk_used == chunk_rows) {
         chunk_rows = std::clamp<int64_t>(arena_rows / 2, 16, 1024);
         chunks.emplace_back(new char[chunk_rows * row_bytes]);

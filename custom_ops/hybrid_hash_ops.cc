@@ -101,6 +101,20 @@ REGISTER_OP("PicassoHashTableCounts")
       return OkStatus();
     });
 
+REGISTER_OP("PicassoHashTableErase")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+REGISTER_OP("PicassoHashTableEvict")
+    .Input("table: resource")
+    .Input("keep: int64")
+    .Input("stale_before: int64")
+    .Output("evicted: int64")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
 REGISTER_OP("PicassoHashTableApplySgd")
     .Input("table: resource")
     .Input("keys: int64")
@@ -352,6 +366,42 @@ class CountsOp : public TableOp {
   }
 };
 
+class EraseOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<HashTableResource> resource;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &resource));
+    const Tensor& keys = ctx->input(1);
+    const ParallelFor pool = PoolOf(ctx);
+    std::unique_lock<std::shared_mutex> lock(resource->table().mutex());
+    resource->table().Erase(keys.flat<int64_t>().data(), keys.NumElements(), &pool);
+  }
+};
+
+class EvictOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<HashTableResource> resource;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &resource));
+    for (int i : {1, 2}) {
+      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  errors::InvalidArgument(name(), ": keep and stale_before must be scalars"));
+    }
+    const int64_t keep = ctx->input(1).scalar<int64_t>()();
+    OP_REQUIRES(ctx, keep >= 0, errors::InvalidArgument(name(), ": keep must be >= 0, got ", keep));
+    Tensor* evicted = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &evicted));
+    const ParallelFor pool = PoolOf(ctx);
+    std::unique_lock<std::shared_mutex> lock(resource->table().mutex());
+    evicted->scalar<int64_t>()() =
+        resource->table().Evict(keep, ctx->input(2).scalar<int64_t>()(), &pool);
+  }
+};
+
 // Shared by the updates: checks the inputs, finds every key's row (present, unique),
 // then lets apply(rows, grads, pool) write them.
 class ApplyOp : public TableOp {
@@ -530,6 +580,8 @@ REGISTER_KERNEL_BUILDER(Name("PicassoHashTableCreate").Device(DEVICE_CPU), Creat
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableFindOrInsert").Device(DEVICE_CPU), FindOrInsertOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableLookup").Device(DEVICE_CPU), LookupOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableCounts").Device(DEVICE_CPU), CountsOp);
+REGISTER_KERNEL_BUILDER(Name("PicassoHashTableErase").Device(DEVICE_CPU), EraseOp);
+REGISTER_KERNEL_BUILDER(Name("PicassoHashTableEvict").Device(DEVICE_CPU), EvictOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplySgd").Device(DEVICE_CPU), ApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplyAdagrad").Device(DEVICE_CPU), ApplyAdagradOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableExport").Device(DEVICE_CPU), ExportOp);

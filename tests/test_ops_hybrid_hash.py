@@ -214,6 +214,48 @@ def test_growth_from_tiny_capacity_loses_nothing():
     assert found.numpy().all()
 
 
+def test_erase_and_reinsert_against_a_dict():
+    """Keys erased from crowded probe runs (one partition, a table kept small) leave every
+    other key findable with its row; erased keys' rows are reused; a key inserted again
+    gets its initial row and counts from zero."""
+    dim = 2
+    table = HashTable(dim, initializer="uniform", seed=3, num_partitions=1, initial_capacity=8)
+    fresh = HashTable(dim, initializer="uniform", seed=3)
+    rng = np.random.default_rng(7)
+    held = {}
+    for step in range(60):
+        inserted = rng.integers(0, 400, 20)
+        rows = table.find_or_insert(inserted, step=step).numpy()
+        for key, row in zip(inserted, rows):
+            held[int(key)] = row
+        erased = rng.choice(sorted(held), size=min(len(held), 15), replace=False)
+        table.erase(np.concatenate([erased, [10_000]]))         # a missing key is skipped
+        for key in erased:
+            del held[int(key)]
+        assert int(table.size()) == len(held)
+    keys = np.array(sorted(held))
+    np.testing.assert_array_equal(table.export().keys.numpy(), keys)
+    rows, found = table.lookup(keys)
+    assert found.numpy().all()
+    np.testing.assert_array_equal(rows.numpy(), np.stack([held[k] for k in keys]))
+    gone = np.setdiff1d(np.arange(400), keys)[:5]
+    assert not table.lookup(gone)[1].numpy().any()
+    np.testing.assert_array_equal(table.find_or_insert(gone).numpy(), fresh.find_or_insert(gone).numpy())
+    assert table.counts(gone).numpy().tolist() == [1] * 5
+
+
+def test_evict_keeps_the_keys_ranked_first_and_drops_the_stale():
+    table = HashTable(1, num_partitions=4)
+    looked_up = {1: [0, 1, 2], 2: [0, 1], 3: [2], 4: [1], 5: [2], 6: [0]}     # key -> steps
+    for step in range(3):
+        table.find_or_insert([k for k, steps in looked_up.items() if step in steps], step=step)
+    # counts 1:3, 2:2, then one lookup each, last at step 2 (3, 5), 1 (4), 0 (6).
+    assert int(table.evict(keep=4)) == 2
+    assert table.export().keys.numpy().tolist() == [1, 2, 3, 5]
+    assert int(table.evict(keep=10, stale_before=2)) == 1          # key 2 was last looked up at step 1
+    assert table.export().keys.numpy().tolist() == [1, 3, 5]
+
+
 def _train(table, keys, steps, seed):
     """find_or_insert, then Adagrad on the unique keys, with deterministic grads."""
     rng = np.random.default_rng(seed)

@@ -14,18 +14,19 @@ row is zeros.
 Options (VocabularyOptions, from picasso_tf.Config):
   capacity        keys a table may hold. A batch with more distinct ids of a table is an
                   error before anything changes. When a step leaves a table holding more,
-                  it evicts down to 9/10 of the capacity (so that the whole-table pass an
-                  eviction costs runs once per tenth of the capacity in new keys, not
-                  every step): by eviction "lfu", the keys looked up in the fewest steps
-                  (ties: the least recently, then the smallest key); by "ttl", first the keys not
+                  it evicts down to 9/10 of the capacity (so that the pass over the keys an
+                  eviction costs runs once per tenth of the capacity in new keys, not every
+                  step): by eviction "lfu", the keys looked up in the fewest steps (ties:
+                  the least recently, then the largest key); by "ttl", first the keys not
                   looked up in the last steps_to_live steps, which also go every
-                  steps_to_live steps whatever the size.
+                  steps_to_live steps whatever the size. The rows of evicted keys are
+                  reused by new keys in place (HashTable.evict).
   admit_after     a key gets a row once it has been looked up this many times (each
-                  occurrence in a batch counts); until then its lookups read zeros and its gradient is
-                  dropped. The counts of keys without a row are kept exactly (a hash table
-                  of counts, bounded by the capacity too, where keys that have a row go
-                  first) or by a counting Bloom filter of fixed size, which never
-                  undercounts (a key may be admitted early, never late).
+                  occurrence in a batch counts); until then its lookups read zeros and its
+                  gradient is dropped. The counts of keys without a row are kept exactly (a
+                  hash table of counts, which a key leaves when admitted, bounded and
+                  evicted as the rows are) or by a counting Bloom filter of fixed size,
+                  which never undercounts (a key may be admitted early, never late).
 
 Checkpoints hold every table's keys, rows, slots, counts and last steps (and the
 admission counts) under "picasso_vocabulary/<table>"; a restore into a smaller capacity
@@ -149,7 +150,9 @@ class DynamicVocabularyTables(EmbeddingStorage):
             admitted = tf.logical_or(found, seen >= self.options.admit_after)
             where = tf.where(admitted)
             rows = table.find_or_insert(tf.gather_nd(unique, where), step)
-            return tf.scatter_nd(where, rows, [tf.size(unique, out_type=tf.int64), self.layout.dim]), admitted
+            with tf.control_dependencies([self.filters[member].forget(unique, tf.logical_and(admitted, ~found))]):
+                rows = tf.scatter_nd(where, rows, [tf.size(unique, out_type=tf.int64), self.layout.dim])
+            return rows, admitted
 
     def apply_fetched(self, keys, row_grads, iteration):
         """Updates the admitted rows of `keys` (fetch's) from their summed gradients, then
@@ -165,11 +168,10 @@ class DynamicVocabularyTables(EmbeddingStorage):
             return tf.group([self._evict_when_due(m, step) for m in range(len(self.tables))])
 
     def _evict_when_due(self, member, step):
-        evictions = [_evict_when_due(self.tables[member], self.options, step)]
+        tables = [self.tables[member]]
         if isinstance(self.filters[member], ExactCounts):
-            evictions.append(_evict_when_due(self.filters[member].table, self.options, step,
-                                             drop_first=lambda k: self.tables[member].lookup(k)[1]))
-        return tf.group(evictions)
+            tables.append(self.filters[member].table)
+        return tf.group([_evict_when_due(table, self.options, step) for table in tables])
 
     def write_back(self):
         pass    # the original variables hold hash bins' rows, not these: vocabulary() exports them
@@ -197,8 +199,8 @@ class DynamicVocabularyTables(EmbeddingStorage):
             self.filters[member].table.import_(state["candidate_keys"], tf.zeros([tf.size(state["candidate_keys"]), 1]),
                                                tf.zeros([0, tf.size(state["candidate_keys"]), 1]),
                                                state["candidate_counts"], state["candidate_last_steps"])
-        if options.capacity is not None and int(table.size()) > options.capacity:
-            _evict(table, options.capacity, options, step=None)
+        if options.capacity is not None:
+            table.evict(options.capacity)
 
 
 class VocabularyState(tf.__internal__.tracking.Trackable):
@@ -238,6 +240,10 @@ class ExactCounts:
         with tf.control_dependencies([self.table.find_or_insert(keys, step)]):
             return self.table.counts(unique)
 
+    def forget(self, unique, admitted):
+        """Drops the counts of the keys just `admitted` (a mask of `unique`): they have rows now."""
+        return self.table.erase(tf.boolean_mask(unique, admitted))
+
 
 class BloomCounts:
     """Admission by a counting Bloom filter: `size` int32 counters, a key's count being
@@ -259,6 +265,9 @@ class BloomCounts:
         with tf.control_dependencies([update]):
             return tf.cast(tf.reduce_min(tf.gather(self.counters, slots), axis=1), counts.dtype)
 
+    def forget(self, unique, admitted):
+        return tf.no_op()       # a counter is shared by many keys: it cannot forget one
+
 
 def _fingerprint_slots(keys, salt, size):
     salted = tf.stack([keys, tf.fill(tf.shape(keys), tf.constant(salt, tf.int64))], 1)
@@ -274,38 +283,19 @@ def _admission_filter(options, name):
     return ExactCounts()
 
 
-def _evict_when_due(table, options, step, drop_first=None):
-    """An op evicting from `table` when it holds more than the capacity or its steps-to-live are due."""
-    due = tf.constant(False)
+def _evict_when_due(table, options, step):
+    """An op evicting from `table` (HashTable.evict) when it holds more than the capacity
+    (down to KEEP_AFTER_EVICTION of it) or its steps-to-live are due."""
+    over = tf.constant(False)
+    keep = tf.constant(tf.int64.max)
     if options.capacity is not None:
-        due = table.size() > options.capacity
+        over = table.size() > options.capacity
+        keep = tf.where(over, tf.constant(int(options.capacity * KEEP_AFTER_EVICTION), tf.int64), keep)
+    stale_before, due = tf.int64.min, over
     if options.eviction == "ttl":
+        stale_before = step - options.steps_to_live + 1
         due = tf.logical_or(due, tf.logical_and(step > 0, tf.equal(step % options.steps_to_live, 0)))
-    return tf.cond(due, lambda: _evict(table, options.capacity, options, step, drop_first), tf.no_op)
-
-
-def _evict(table, capacity, options, step, drop_first=None):
-    """Keeps at most KEEP_AFTER_EVICTION of `capacity` keys of `table` (None: all), those
-    ranked first: not in `drop_first` (a key mask), by eviction "ttl" not older than the
-    steps-to-live at `step`, then looked up most, most recently, smallest key."""
-    held = table.export()
-    order = tf.range(tf.size(held.keys))       # keys increasing: the last tie-break
-    order = tf.gather(order, tf.argsort(-tf.gather(held.last_steps, order), stable=True))
-    order = tf.gather(order, tf.argsort(-tf.gather(held.counts, order), stable=True))
-    live = tf.ones_like(held.keys, tf.bool)
-    if options.eviction == "ttl" and step is not None:
-        live = held.last_steps > step - options.steps_to_live
-    if drop_first is not None:
-        live = tf.logical_and(live, tf.logical_not(drop_first(held.keys)))
-    order = tf.boolean_mask(order, tf.gather(live, order))
-    if capacity is not None:
-        over = tf.size(held.keys) > capacity
-        keep = int(capacity * KEEP_AFTER_EVICTION) if step is not None else capacity
-        limit = tf.where(over, tf.constant(keep, tf.int32), tf.size(order))
-        order = order[:limit]
-    kept = tf.sort(order)
-    return table.import_(tf.gather(held.keys, kept), tf.gather(held.values, kept), tf.gather(held.slots, kept, axis=1),
-                         tf.gather(held.counts, kept), tf.gather(held.last_steps, kept))
+    return tf.cond(due, lambda: tf.group(table.evict(keep, stale_before)), tf.no_op)
 
 
 def _seed(initializer, table_name):

@@ -26,7 +26,8 @@ from picasso_tf.ops.library import load
 
 for _op in ("PicassoHashTableCreate", "PicassoHashTableFindOrInsert", "PicassoHashTableLookup",
             "PicassoHashTableApplySgd", "PicassoHashTableApplyAdagrad", "PicassoHashTableExport",
-            "PicassoHashTableImport", "PicassoHashTableSize", "PicassoHashTableCounts"):
+            "PicassoHashTableImport", "PicassoHashTableSize", "PicassoHashTableCounts", "PicassoHashTableErase",
+            "PicassoHashTableEvict"):
     tf.no_gradient(_op)  # the table is updated by apply_*, not through the tape
 
 Exported = collections.namedtuple("Exported", ["keys", "values", "slots", "counts", "last_steps"])
@@ -130,6 +131,16 @@ class HashTable:
     def counts(self, keys):
         """Each key's access count (0 when missing); nothing is inserted or counted."""
         return load().picasso_hash_table_counts(self.handle, tf.cast(keys, tf.int64))
+
+    def erase(self, keys):
+        """Removes the ``keys`` (missing ones are skipped); returns the op."""
+        return load().picasso_hash_table_erase(self.handle, tf.cast(keys, tf.int64))
+
+    def evict(self, keep, stale_before=-(1 << 63)):
+        """Removes every key last looked up before step ``stale_before``, then all but the
+        ``keep`` keys looked up most (ties: most recently, then the smaller key); returns
+        how many went."""
+        return load().picasso_hash_table_evict(self.handle, tf.cast(keep, tf.int64), tf.cast(stale_before, tf.int64))
 
     def apply_sgd(self, keys, grads, lr):
         """``value -= lr * grad`` for unique ``keys`` [U] in the table, ``grads`` [U, dim]."""
