@@ -18,20 +18,13 @@
 // only, so results do not depend on the number of threads.
 #define EIGEN_USE_THREADS
 
-#include <algorithm>
-#include <vector>
-
 #include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "sparse_updates.h"
 
 namespace tensorflow {
 namespace picasso {
 namespace {
-
-using shape_inference::InferenceContext;
-using shape_inference::ShapeHandle;
 
 REGISTER_OP("PicassoDenseApply")
     .Input("vars: G * resource")
@@ -43,11 +36,11 @@ REGISTER_OP("PicassoDenseApply")
     .Attr("decayed: list(bool)")
     PICASSO_IN_PLACE_UPDATE_ATTRS
     .SetIsStateful()
-    .SetShapeFn([](InferenceContext* c) {
-      std::vector<ShapeHandle> hyper;
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      std::vector<shape_inference::ShapeHandle> hyper;
       TF_RETURN_IF_ERROR(c->input("hyper", &hyper));
-      ShapeHandle unused;
-      for (const ShapeHandle& h : hyper) TF_RETURN_IF_ERROR(c->WithRank(h, 0, &unused));
+      shape_inference::ShapeHandle unused;
+      for (const auto& h : hyper) TF_RETURN_IF_ERROR(c->WithRank(h, 0, &unused));
       return OkStatus();
     });
 

@@ -716,19 +716,15 @@ class InPlaceUpdates {
     // disjoint rows may run at once.
     template <typename Fn>
     Status Run(OpKernelContext* ctx, const Fn& fn) {
-      const int num_tables = updates_->num_tables_, num_slots = updates_->num_slots_;
-      ScalarInputs<T> scalars(ctx, updates_->hyper_names_, "hyper");
-      const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
-      return updates_->update_.With(scalars, [&](const auto& update) {
+      return WithUpdate(ctx, [&](const auto& update, T lr, T weight_decay) {
         fn([&](int t, const int64_t* rows, int64_t n, const T* grads) {
           const int64_t d = vars_[t].dim_size(1);
           T* table = vars_[t].flat<T>().data();
           T* slot_tables[kMaxSlots] = {};
-          for (int k = 0; k < num_slots; ++k) {
-            slot_tables[k] = vars_[num_tables + t * num_slots + k].flat<T>().data();
-          }
+          SlotData(t, 0, slot_tables);
           // The rows are scattered over the tables: prefetch their slots' rows ahead.
           const int64_t ahead = ::picasso::PrefetchDistance(d * sizeof(T));
+          const int num_slots = updates_->num_slots_;
           T* slots[kMaxSlots] = {};
           for (int64_t u = 0; u < n; ++u) {
             if (u + ahead < n) {
@@ -752,16 +748,11 @@ class InPlaceUpdates {
     // run at once.
     template <typename Fn>
     Status RunDense(OpKernelContext* ctx, const Fn& fn) {
-      const int num_tables = updates_->num_tables_, num_slots = updates_->num_slots_;
-      ScalarInputs<T> scalars(ctx, updates_->hyper_names_, "hyper");
-      const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
-      return updates_->update_.With(scalars, [&](const auto& update) {
+      return WithUpdate(ctx, [&](const auto& update, T lr, T weight_decay) {
         auto apply = [&](int t, int64_t begin, int64_t end, const T* grad, bool decayed) {
           T* var = vars_[t].flat<T>().data() + begin;
           T* slots[kMaxSlots] = {};
-          for (int k = 0; k < num_slots; ++k) {
-            slots[k] = vars_[num_tables + t * num_slots + k].flat<T>().data() + begin;
-          }
+          SlotData(t, begin, slots);
           if (decayed) DecayWeights(var, end - begin, weight_decay, lr);
           update.Dense(var, slots, grad, end - begin);
         };
@@ -770,6 +761,24 @@ class InPlaceUpdates {
     }
 
    private:
+    // Calls fn(update, lr, weight_decay): this call's update and the scalars that the
+    // weight decay takes.
+    template <typename Fn>
+    Status WithUpdate(OpKernelContext* ctx, const Fn& fn) {
+      ScalarInputs<T> scalars(ctx, updates_->hyper_names_, "hyper");
+      const T lr = scalars("lr"), weight_decay = scalars("weight_decay");
+      return updates_->update_.With(
+          scalars, [&](const auto& update) { fn(update, lr, weight_decay); });
+    }
+
+    // The data of table t's slots, `offset` elements in.
+    void SlotData(int t, int64_t offset, T** slots) {
+      const int num_tables = updates_->num_tables_, num_slots = updates_->num_slots_;
+      for (int k = 0; k < num_slots; ++k) {
+        slots[k] = vars_[num_tables + t * num_slots + k].flat<T>().data() + offset;
+      }
+    }
+
     const InPlaceUpdates* updates_ = nullptr;
     LockedVariables locked_;
     std::vector<Tensor> vars_;  // the tables, then table-major slots
