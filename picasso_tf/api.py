@@ -381,6 +381,10 @@ class PicassoModel(tf.keras.Model):
         hit_ratio = fetch.log.hit_ratio() if fetch is not None else None
         if hit_ratio is not None:
             logs["hot_hit_ratio"] = hit_ratio    # the progress bar and TensorBoard show it
+        vocabularies = [s for s in self.picasso.storages.values() if s.kind == DynamicVocabularyTables.kind]
+        if vocabularies:
+            # Read after the step's updates and evictions: ops on a table run in program order.
+            logs["vocabulary_keys"] = tf.add_n([s.keys_held() for s in vocabularies])
         return logs
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):

@@ -63,7 +63,7 @@ def table_of(model, layer):
 
 
 def train(model, data):
-    return [float(model.train_on_batch(x, y)) for x, y in data]
+    return [float(model.train_on_batch(x, y, return_dict=True)["loss"]) for x, y in data]
 
 
 TABLES = {"user": "emb_user", "tags": "emb_tags", "item": "emb_item"}
@@ -159,8 +159,9 @@ def test_a_key_gets_a_row_on_its_admit_after_th_lookup(admission_filter):
     model = only_user_model(admit_after=3, admission_filter=admission_filter)
     ones = np.ones((2, 1), np.float32)
     # Key 5 twice in the first batch (two lookups), key 9 once: neither has a row yet.
-    loss = model.train_on_batch(np.array([[5], [5]]), ones)
-    assert keys_held(model) == [] and loss == pytest.approx(1.0)     # their rows read zeros: the loss is (1 - 0)^2
+    logs = model.train_on_batch(np.array([[5], [5]]), ones, return_dict=True)
+    assert keys_held(model) == [] and logs["loss"] == pytest.approx(1.0)     # their rows read zeros: (1 - 0)^2
+    assert logs["vocabulary_keys"] == 0
     model.train_on_batch(np.array([[9], [7]]), ones)
     assert keys_held(model) == []
     model.train_on_batch(np.array([[5], [9]]), ones)                # key 5's third lookup
@@ -199,8 +200,9 @@ def test_lfu_eviction_keeps_the_keys_looked_up_in_most_steps():
     data = [rng.zipf(1.5, (8, 1)) % 60 for _ in range(30)]
     model = only_user_model(vocabulary_capacity=20)
     for x in data:
-        model.train_on_batch(x, np.ones((8, 1), np.float32))
+        logs = model.train_on_batch(x, np.ones((8, 1), np.float32), return_dict=True)
     expected, counts = lfu_reference(data, 20)
+    assert logs["vocabulary_keys"] == len(expected)          # the training logs' count, after the eviction
     assert keys_held(model) == expected
     assert table_of(model, "emb_user").counts(expected).numpy().tolist() == [counts[k] for k in expected]
 

@@ -182,6 +182,10 @@ class DynamicVocabularyTables(EmbeddingStorage):
     def checkpoint_children(self):
         return dict(self._checkpointed)
 
+    def keys_held(self):
+        """The number of keys its tables hold (int64 tensor)."""
+        return tf.add_n([table.size() for table in self.tables])
+
     def vocabulary(self):
         """{logical table name: (keys, rows)} of every member, keys increasing (NumPy)."""
         out = {}
