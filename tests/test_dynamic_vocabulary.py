@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import picasso_tf as picasso
 from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables
+from picasso_tf.embedding.hot_tier import EMPTY
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.ops.hybrid_hash import HashTable
 
@@ -315,3 +316,29 @@ def test_refusals_name_the_option():
         picasso.optimize(hashed_model(), dynamic_vocabulary=True, packing=False)
     with pytest.raises(ValueError, match="eviction='ttl' takes steps_to_live"):
         picasso.optimize(hashed_model(), dynamic_vocabulary=True, eviction="ttl")
+
+
+def test_beside_hybrid_hash_with_a_lookahead_refresh():
+    """A dynamic vocabulary and a hash-backed group keyed by row id in one model: fit with
+    hot_refresh="lookahead" reads the batches ahead for the hash-backed group's hot tier
+    and leaves the dynamic vocabulary to its own steps."""
+    tf.keras.utils.set_random_seed(0)
+    user = tf.keras.Input(shape=(1,), dtype=tf.int64, name="user")
+    item = tf.keras.Input(shape=(1,), dtype=tf.int64, name="item")
+    parts = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(7, 8, name="emb_user")(
+        tf.keras.layers.Hashing(7)(user))),
+             tf.keras.layers.Flatten()(tf.keras.layers.Embedding(30, DIM, name="emb_item")(item))]
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()(parts))
+    model = picasso.optimize(tf.keras.Model([user, item], out), dynamic_vocabulary=True, hybrid_hash=True,
+                             hot_refresh="lookahead", hot_storage_bytes=400, hot_refresh_every=2)
+    model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+    kinds = sorted(s.kind for s in model.picasso.storages.values())
+    assert kinds == ["dynamic_vocabulary", "hybrid_hash"]
+    rng = np.random.default_rng(0)
+    x = {"user": rng.integers(0, 10**6, (64, 1)), "item": rng.integers(0, 30, (64, 1))}
+    dataset = tf.data.Dataset.from_tensor_slices((x, rng.integers(0, 2, (64, 1)).astype(np.float32))).batch(8)
+    history = model.fit(dataset, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert keys_held(model) == sorted(set(x["user"][:, 0].tolist()))
+    [hashed] = [s for s in model.picasso.storages.values() if s.kind == "hybrid_hash"]
+    assert 0 < hashed.hot.capacity < 30 and (hashed.hot.keys.numpy() != EMPTY).all()     # chosen ahead
