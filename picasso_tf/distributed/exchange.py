@@ -3,11 +3,10 @@ batch looks up from the ranks that hold them, in two AllToAllv for all groups
 together. A row-sharded table's row id lives on rank id // block (picasso_tf.embedding.
 sharded: contiguous blocks), a hash-backed table's on rank id % size.
 
-Requester (every rank, for its batch): the ids of every group's sites become keys
-(table number << 40 | id), deduplicated together and partitioned by owner and group
-(one unique, one partition: per group they would cost a fixed amount of CPU each). One
-buffer holds them owner-major (each owner's part: group by group), and one AllToAllv
-sends it.
+Requester (every rank, for its batch): per group, the ids of its sites become keys
+(table number << 40 | id), deduplicated, and are partitioned by owner. One buffer
+holds every group's keys, owner-major (each owner's part: group by group), and one
+AllToAllv sends it.
 
 Owner: the keys it received, deduplicated again (two ranks asking for the same row
 must be served one row, or their gradients would overwrite each other), are looked up
@@ -56,51 +55,55 @@ class RowExchange:
         self.block_of_table = tf.constant([s.blocks[m] if s else 1 for s, (_, m) in zip(sharded, tables)], tf.int64)
         self.first_row_of_table = tf.constant([s.first_row(m) if s else 0 for s, (_, m) in zip(sharded, tables)],
                                               tf.int64)
-        self.hashed_table = tf.constant([s is None for s in sharded])     # owned by id % size
 
     def fetch(self, requests):
         """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
         [positions tensor per request, shaped and typed as its ids])."""
         size, groups = self.world.size, len(self.storages)
-        by_group = [[i for i, (x, _) in enumerate(requests) if x.group == s.name] for s in self.storages]
-        ordered = [i for own in by_group for i in own]      # the requests group by group
-        keys, sizes = [], []
-        for storage, own in zip(self.storages, by_group):
-            if own:
-                k, s = keys_of(storage.layout, [requests[i] for i in own], self.first_table[storage.name],
-                               self.check_ids)
-                keys.append(k)
-                sizes += s
-        # One deduplication and one partition for every group's keys: by owner, then group.
-        unique, index = tf.unique(tf.concat(keys, 0))
-        table = table_number(unique)
-        ids = row_id(unique)
-        owner = tf.cast(tf.where(tf.gather(self.hashed_table, table), ids % size,
-                                 ids // tf.gather(self.block_of_table, table)), tf.int32)
-        piece = owner * groups + tf.gather(self.group_of_table, table)
-        send = tf.dynamic_partition(unique, piece, size * groups)
-        order = tf.dynamic_partition(tf.range(tf.size(unique)), piece, size * groups)
-        counts = tf.reshape(tf.stack([tf.size(part) for part in send]), [size, groups])
-        received, received_splits = hvd().alltoall(tf.concat(send, 0), splits=tf.reduce_sum(counts, 1),
-                                                   name="picasso_exchange_ids")
+        keys, remap, counts = [], [], []
+        for storage in self.storages:
+            own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
+            k, positions, c = self._request(storage, [requests[i] for i in own])
+            keys.append(k)
+            remap.append((own, positions))
+            counts.append(c)
+        # One buffer, owner-major: for each owner, group by group.
+        send = tf.concat([keys[g][d] for d in range(size) for g in range(groups)], 0)
+        send_splits = tf.add_n(counts)
+        received, received_splits = hvd().alltoall(send, splits=send_splits, name="picasso_exchange_ids")
         rows_back, back_splits = self._serve(received, received_splits)
         fetched = alltoall_rows(rows_back, back_splits, "picasso_exchange_rows", self.wire_dtype)
 
-        dims = tf.constant([s.layout.dim for s in self.storages])
-        pieces = tf.split(fetched, tf.reshape(counts * dims, [-1]), num=size * groups)
-        rows = {storage.name: tf.reshape(tf.concat([pieces[d * groups + g] for d in range(size)], 0),
-                                         [-1, storage.layout.dim])
+        dims = [s.layout.dim for s in self.storages]
+        sizes = tf.stack([counts[g][d] * dims[g] for d in range(size) for g in range(groups)])
+        pieces = tf.split(fetched, sizes, num=size * groups)
+        rows = {storage.name: tf.reshape(tf.concat([pieces[d * groups + g] for d in range(size)], 0), [-1, dims[g]])
                 for g, storage in enumerate(self.storages)}
-        # A key's row comes back at its place in the send buffer; in its group's rows the
-        # pieces before it are that group's from the owners before its own.
-        key_piece = tf.gather(piece, index)
-        place = (tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)
-                 - tf.gather(tf.cumsum(tf.reshape(counts, [-1]), exclusive=True), key_piece)
-                 + tf.gather(tf.reshape(tf.cumsum(counts, 0, exclusive=True), [-1]), key_piece))
         positions = [None] * len(requests)
-        for i, p in zip(ordered, positions_of([requests[i] for i in ordered], place, sizes)):
-            positions[i] = p
+        for own, site_positions in remap:
+            for i, p in zip(own, site_positions):
+                positions[i] = p
         return rows, positions
+
+    def _request(self, storage, requests):
+        """One group's deduplicated keys per owner, each request's positions in the
+        group's fetched rows, and the number of keys per owner."""
+        size = self.world.size
+        if not requests:
+            empty = tf.zeros([0], tf.int64)
+            return [empty] * size, [], tf.zeros([size], tf.int32)
+        keys, sizes = keys_of(storage.layout, requests, self.first_table[storage.name], self.check_ids)
+        unique, index = tf.unique(keys)
+        if storage.kind == RowShardedTables.kind:
+            owner = tf.cast(row_id(unique) // tf.gather(self.block_of_table, table_number(unique)), tf.int32)
+        else:
+            owner = tf.cast(row_id(unique) % size, tf.int32)
+        by_owner = tf.dynamic_partition(unique, owner, size)
+        order = tf.dynamic_partition(tf.range(tf.size(unique)), owner, size)
+        # Fetched rows come back owner by owner: a key's row lands at its place in that order.
+        place = tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)
+        counts = tf.stack([tf.size(part) for part in by_owner])
+        return by_owner, positions_of(requests, place, sizes), counts
 
     def _serve(self, received, received_splits):
         """The rows of the keys other ranks asked this one for, laid out as they sent
