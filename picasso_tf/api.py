@@ -251,7 +251,7 @@ class PicassoModel(tf.keras.Model):
         program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
         if world.distributed:
             check_same_on_every_rank(program.fingerprint(), "rewritten graphs")
-        storages = {name: make_storage(program.layout(name), world, self.picasso.config, self._initializer_of)
+        storages = {name: make_storage(program.layout(name), world, self.picasso.config, program.initializers)
                     for name in program.storage_refs()}
         self.picasso.program, self.picasso.storages = program, storages
         check_ids = self.picasso.config.check_ids
@@ -269,16 +269,6 @@ class PicassoModel(tf.keras.Model):
         self._densely_read = [v for v in analysis.tables.values() if analysis.densely_read(v)] + [
             v for s in storages.values() if s.layout.densely_read for v in s.variables()]
         self._step = self._looked_up_ids = None
-
-    def _initializer_of(self, variable):
-        """The Keras initializer of the Embedding layer owning table `variable`."""
-        for layer in self.original._flatten_layers(include_self=False):
-            if getattr(layer, "embeddings", None) is variable and hasattr(layer, "embeddings_initializer"):
-                return layer.embeddings_initializer
-        raise UnsupportedModelError(
-            f"picasso_tf: dynamic_vocabulary: table {variable.name} is not a Keras Embedding layer's, so the "
-            "distribution of its new keys' rows is unknown; use tf.keras.layers.Embedding for it, or leave its "
-            "feature out of dynamic_vocabulary")
 
     def _training_step(self):
         """Made at the first training step, once the optimizer is known."""
@@ -444,8 +434,10 @@ class PicassoModel(tf.keras.Model):
         with self.picasso.whole_tables():
             return super().get_weights()
 
-    def load_weights(self, *args, **kwargs):
-        status = super().load_weights(*args, **kwargs)
+    def load_weights(self, filepath, *args, **kwargs):
+        if not _tensorflow_format(filepath, None):
+            self.picasso.refuse_without_vocabularies(f"load_weights({str(filepath)!r})")
+        status = super().load_weights(filepath, *args, **kwargs)
         self.picasso.read_back()
         return status
 

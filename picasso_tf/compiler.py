@@ -8,6 +8,8 @@ builds the storage it names and runs it.
 """
 import zlib
 
+import tensorflow as tf
+
 from picasso_tf.config import Config
 from picasso_tf.distributed.world import check_same_on_every_rank, current_world, mean_over_ranks
 from picasso_tf.graph.analysis import find_embedding_sites
@@ -34,7 +36,7 @@ def compile_program(model, config=None, example_inputs=None, warmup_data=None, s
     else:
         statistics = Statistics(static_accesses(training, analysis), {}, "input shapes")
     program = Program(graphs=graphs, analyses=analyses, statistics=agreed_by_ranks(statistics),
-                      frozen=frozen_variables(model))
+                      frozen=frozen_variables(model), initializers=embedding_initializers(model))
     return run_passes(program, config)
 
 
@@ -48,6 +50,15 @@ def agreed_by_ranks(statistics):
     mean = mean_over_ranks([statistics.accesses[k] for k in accesses] + [statistics.distinct_ids[k] for k in distinct])
     return Statistics(dict(zip(accesses, mean[:len(accesses)])), dict(zip(distinct, mean[len(accesses):])),
                       f"{statistics.source}, averaged over {current_world().size} ranks")
+
+
+def embedding_initializers(model):
+    """{table name: the serialized initializer of the Keras Embedding layer owning it}."""
+    if not hasattr(model, "_flatten_layers"):
+        return {}
+    return {layer.embeddings.name.split(":")[0]: tf.keras.initializers.serialize(layer.embeddings_initializer)
+            for layer in model._flatten_layers(include_self=False)
+            if isinstance(getattr(layer, "embeddings", None), tf.Variable) and hasattr(layer, "embeddings_initializer")}
 
 
 def frozen_variables(model):

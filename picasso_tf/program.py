@@ -13,6 +13,8 @@ TensorFlow state: the tables it names are created by the runtime's storage
   statistics  ids per example and distinct-id shares (warm-up data or input shapes)
   frozen      names of the variables the model does not train (Keras' trainable=False
               layers keep trainable variables, so the model's own list decides)
+  initializers  table name -> its Keras Embedding layer's initializer, serialized (a
+              dynamic vocabulary draws its new keys' rows from it)
   tables      the TableLayouts: which original tables form a group, at which rows
   lookups     per graph, a LookupRecord for every fused lookup: what later passes
               (hybrid storage, sharding, interleaving) rewrite, found by record
@@ -122,6 +124,7 @@ class Program:
     analyses: Dict[str, Analysis]
     statistics: Statistics
     frozen: FrozenSet[str] = frozenset()
+    initializers: Dict[str, dict] = dataclasses.field(default_factory=dict)
     tables: Optional[List[TableLayout]] = None
     lookups: Dict[str, List[LookupRecord]] = dataclasses.field(default_factory=dict)
     reports: Dict[str, dict] = dataclasses.field(default_factory=dict)

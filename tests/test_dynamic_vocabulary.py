@@ -231,6 +231,25 @@ def test_a_batch_beyond_the_capacity_is_refused_and_changes_nothing():
     np.testing.assert_array_equal(after[1], before[1])
 
 
+def test_a_batch_beyond_the_capacity_changes_no_table_of_any_group():
+    """Two tables in one group (user, tags: same dim) and one in another (item): a batch
+    whose user ids exceed the capacity inserts and counts nothing anywhere."""
+    model = picasso.optimize(hashed_model(), dynamic_vocabulary=True, vocabulary_capacity=20, admit_after=2,
+                             max_shards=1)
+    model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+    x, y = batches(1, batch=8)[0]
+    train(model, [(x, y), (x, y)])
+    before = {name: [t.numpy() for t in table_of(model, layer).export()] for name, layer in TABLES.items()}
+    crowded = dict(batches(1, batch=24, seed=5)[0][0], user=np.arange(24)[:, None] + 10**6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="distinct ids of user.*vocabulary_capacity=20"):
+        model.train_on_batch(crowded, np.ones((24, 1), np.float32))
+    for name, layer in TABLES.items():
+        for a, b in zip(before[name], table_of(model, layer).export()):
+            np.testing.assert_array_equal(a, b.numpy())
+    counter = storage_of(model).filters
+    assert all(int(f.table.size()) == 0 for f in counter)      # every key seen twice: admitted, counts gone
+
+
 def test_checkpoint_round_trip_then_training_goes_on_identically(tmp_path):
     data = batches(6)
     options = dict(dynamic_vocabulary=True, admit_after=2)
@@ -281,12 +300,62 @@ def test_only_the_named_features_and_the_reasons_for_the_others():
     report = model.picasso.reports["training"]
     dynamic = next(p for p in report["passes"] if p["pass"] == "dynamic_vocabulary")
     assert list(dynamic["raw_keys"]) == ["user"]
-    packed = picasso.optimize(hashed_model(), dynamic_vocabulary=["user"])     # one group of all three tables
+    # Of the same dim as the others, it is packed apart from them (D-packing keeps the tables to key by raw id apart).
+    packed = picasso.optimize(hashed_model(), dynamic_vocabulary=["user"])
     dynamic = next(p for p in packed.picasso.reports["training"]["passes"] if p["pass"] == "dynamic_vocabulary")
-    assert not dynamic["changed"] and "read by tags too, which dynamic_vocabulary does not name" in str(
-        dynamic["left_alone"])
+    assert list(dynamic["raw_keys"]) == ["user"]
     with pytest.raises(ValueError, match=r"dynamic_vocabulary names \['nope'\]"):
         picasso.optimize(hashed_model(), dynamic_vocabulary=["nope"])
+
+
+def test_a_hashed_table_is_not_held_back_by_an_unhashed_one_of_the_same_dim():
+    tf.keras.utils.set_random_seed(0)
+    user = tf.keras.Input(shape=(1,), dtype=tf.int64, name="user")
+    item = tf.keras.Input(shape=(1,), dtype=tf.int64, name="item")
+    parts = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(7, DIM, name="emb_user")(
+        tf.keras.layers.Hashing(7)(user))),
+        tf.keras.layers.Flatten()(tf.keras.layers.Embedding(30, DIM, name="emb_item")(item))]
+    model = picasso.optimize(tf.keras.Model([user, item], tf.keras.layers.Dense(1)(
+        tf.keras.layers.Concatenate()(parts))), dynamic_vocabulary=True)
+    kinds = {s.kind: [m.name for m in s.layout.members] for s in model.picasso.storages.values()}
+    assert kinds == {"dynamic_vocabulary": ["emb_user/embeddings"], "tables": ["emb_item/embeddings"]}
+
+
+def test_what_cannot_make_new_rows_or_differs_between_graphs_stays_and_says_why():
+    tf.keras.utils.set_random_seed(0)
+
+    class DropSomeIds(tf.keras.layers.Layer):
+        """Id dropout: in training only, between the hash and the lookup."""
+        def call(self, ids, training=None):
+            return ids * tf.cast(ids % 2 == 0, ids.dtype) if training else ids
+
+    user = tf.keras.Input(shape=(1,), dtype=tf.int64, name="user")
+    item = tf.keras.Input(shape=(1,), dtype=tf.int64, name="item")
+    tags = tf.keras.Input(shape=(1,), dtype=tf.int64, name="tags")
+    parts = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(7, 8, name="emb_user")(
+                 DropSomeIds()(tf.keras.layers.Hashing(7)(user)))),
+             tf.keras.layers.Flatten()(tf.keras.layers.Embedding(9, 4, embeddings_initializer="glorot_uniform",
+                                                                 name="emb_item")(tf.keras.layers.Hashing(9)(item))),
+             tf.keras.layers.Flatten()(tf.keras.layers.Embedding(5, 2, name="emb_tags")(tags % 5))]
+    model = picasso.optimize(tf.keras.Model([user, item, tags], tf.keras.layers.Dense(1)(
+        tf.keras.layers.Concatenate()(parts))), dynamic_vocabulary=True)
+    dynamic = next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "dynamic_vocabulary")
+    assert list(dynamic["raw_keys"]) == ["tags"]
+    left = " ".join(dynamic["left_alone"].values())
+    # The ids are multiplied between the hash and the lookup in the training graph only.
+    assert "the ids of emb_user/embeddings are not hashed into bins right before the lookup" in left
+    assert "table emb_item/embeddings's initializer GlorotUniform draws from a distribution that depends" in left
+    model.compile(tf.keras.optimizers.Adagrad(0.1), "mse")
+    model.train_on_batch({"user": np.arange(4)[:, None], "item": np.arange(4)[:, None],
+                          "tags": np.arange(4)[:, None] * 100}, np.ones((4, 1), np.float32))
+    assert model.picasso.vocabulary()["emb_tags/embeddings"][0].tolist() == [0, 100, 200, 300]
+
+
+def test_a_capacity_of_one_keeps_one_key():
+    model = only_user_model(vocabulary_capacity=1)
+    for key in [5, 5, 6]:
+        model.train_on_batch(np.array([[key]]), np.ones((1, 1), np.float32))
+    assert keys_held(model) == [5]       # looked up in more steps than 6
 
 
 def test_ids_not_hashed_right_before_the_lookup_stay_and_say_why():
@@ -307,6 +376,7 @@ def test_refusals_name_the_option():
     for what, call in [("model.picasso.export", lambda: model.picasso.export("/tmp/never")),
                        ("model.save", lambda: model.save("/tmp/never.keras")),
                        ("save_weights", lambda: model.save_weights("/tmp/never.h5")),
+                       ("load_weights", lambda: model.load_weights("/tmp/never.h5")),
                        ("get_weights", model.get_weights)]:
         with pytest.raises(UnsupportedModelError, match=f"{what}.*untrained hash bins.*model.picasso.vocabulary"):
             call()

@@ -39,7 +39,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from picasso_tf.embedding.hybrid_hash import apply_to_table, check_hash_optimizer, table_update
+from picasso_tf.embedding.hybrid_hash import FetchPlan, apply_to_table, check_hash_optimizer, table_update
 from picasso_tf.embedding.row_keys import positions_of
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.ops.hybrid_hash import HashTable
@@ -105,54 +105,60 @@ class DynamicVocabularyTables(EmbeddingStorage):
             if table.slot_init != initial:
                 table.set_slot_init(initial)
 
-    def fetch(self, requests, training, check_ids):
-        """What the requests ([(ExchangedIds, raw keys)] of this group) look up: (the rows
-        of their distinct keys per table, each request's positions among them, those keys
-        as [member, key, admitted] rows, None: no hot tier). `check_ids` does not apply:
-        any int64 is a key."""
-        rows, positions, keys, first = [], [None] * len(requests), [], 0
+    def plan(self, requests, check_ids):
+        """The distinct raw keys per table of the requests ([(ExchangedIds, raw keys)] of
+        this group), each table's checked against the capacity (``fetch`` takes it; its
+        guards: what waits for the checks). `check_ids` does not apply: any int64 is a key."""
+        members, checks = [], []
         for m in sorted({x.member for x, _ in requests}):
             own = [i for i, (x, _) in enumerate(requests) if x.member == m]
             flat = [tf.reshape(tf.cast(requests[i][1], tf.int64), [-1]) for i in own]
             unique, index, counts = tf.unique_with_counts(tf.concat(flat, 0))
+            members.append(_MemberKeys(m, own, [tf.size(f) for f in flat], unique, index, counts))
+            if self.options.capacity is not None:
+                features = ", ".join(sorted({requests[i][0].feature for i in own}))
+                checks.append(tf.debugging.assert_less_equal(
+                    tf.size(unique, out_type=tf.int64), tf.constant(self.options.capacity, tf.int64),
+                    message=f"picasso_tf: a batch looks up more distinct ids of {features} (table "
+                            f"{self.layout.members[m].name}) than vocabulary_capacity={self.options.capacity} "
+                            "keys; raise vocabulary_capacity or train on smaller batches. Nothing was changed"))
+        return FetchPlan(requests, members, None, None, guards=[x.unique for x in members] + checks)
+
+    def fetch(self, plan, training):
+        """What a plan's requests look up: (the rows of their distinct keys, table by
+        table, each request's positions among them, those keys as [member, key, admitted]
+        rows, None: no hot tier)."""
+        rows, positions, keys, first = [], [None] * len(plan.requests), [], 0
+        for x in plan.keys:
             if training:
-                member_rows, admitted = self._find_or_admit(m, unique, counts, [requests[i][0].feature for i in own])
+                member_rows, admitted = self._find_or_admit(x.member, x.unique, x.counts)
             else:
-                member_rows, admitted = self.tables[m].lookup(unique)[0], tf.ones_like(unique, tf.bool)
-            parts = positions_of([requests[i] for i in own], index + first, [tf.size(f) for f in flat])
-            for i, p in zip(own, parts):
+                member_rows, admitted = self.tables[x.member].lookup(x.unique)[0], tf.ones_like(x.unique, tf.bool)
+            for i, p in zip(x.own, positions_of([plan.requests[i] for i in x.own], x.index + first, x.sizes)):
                 positions[i] = p
-            first += tf.size(unique)
+            first += tf.size(x.unique)
             rows.append(member_rows)
-            keys.append(tf.stack([tf.fill(tf.shape(unique), tf.constant(m, tf.int64)), unique,
+            keys.append(tf.stack([tf.fill(tf.shape(x.unique), tf.constant(x.member, tf.int64)), x.unique,
                                   tf.cast(admitted, tf.int64)], 1))
         return tf.concat(rows, 0), positions, tf.concat(keys, 0), None
 
-    def _find_or_admit(self, member, unique, counts, features):
+    def _find_or_admit(self, member, unique, counts):
         """(the rows of the distinct keys `unique` of member table `member`, looked up
         `counts` times each in this batch, which of them are admitted): the admitted ones
         found or inserted, counted at this step; zeros for the others."""
-        table, capacity = self.tables[member], self.options.capacity
-        checks = []
-        if capacity is not None:
-            checks.append(tf.debugging.assert_less_equal(
-                tf.size(unique, out_type=tf.int64), tf.constant(capacity, tf.int64),
-                message=f"picasso_tf: a batch looks up more distinct ids of {', '.join(sorted(set(features)))} "
-                        f"(table {self.layout.members[member].name}) than vocabulary_capacity={capacity} keys; "
-                        "raise vocabulary_capacity or train on smaller batches. Nothing was changed"))
-        with tf.control_dependencies(checks):
-            # The step a key was last looked up at (steps-to-live); 0 outside a training step.
-            step = tf.identity(self.optimizer.optimizer.iterations) if self.optimizer else tf.constant(0, tf.int64)
-            if self.filters[member] is None:
-                return table.find_or_insert(unique, step), tf.ones_like(unique, tf.bool)
-            found = table.lookup(unique)[1]
-            seen = self.filters[member].count(unique, counts, tf.logical_not(found), step)
-            admitted = tf.logical_or(found, seen >= self.options.admit_after)
-            where = tf.where(admitted)
-            rows = table.find_or_insert(tf.gather_nd(unique, where), step)
-            with tf.control_dependencies([self.filters[member].forget(unique, tf.logical_and(admitted, ~found))]):
-                rows = tf.scatter_nd(where, rows, [tf.size(unique, out_type=tf.int64), self.layout.dim])
-            return rows, admitted
+        table = self.tables[member]
+        # The step a key was last looked up at (steps-to-live); 0 outside a training step.
+        step = tf.identity(self.optimizer.optimizer.iterations) if self.optimizer else tf.constant(0, tf.int64)
+        if self.filters[member] is None:
+            return table.find_or_insert(unique, step), tf.ones_like(unique, tf.bool)
+        found = table.lookup(unique)[1]
+        seen = self.filters[member].count(unique, counts, tf.logical_not(found), step)
+        admitted = tf.logical_or(found, seen >= self.options.admit_after)
+        where = tf.where(admitted)
+        rows = table.find_or_insert(tf.gather_nd(unique, where), step)
+        with tf.control_dependencies([self.filters[member].forget(unique, tf.logical_and(admitted, ~found))]):
+            rows = tf.scatter_nd(where, rows, [tf.size(unique, out_type=tf.int64), self.layout.dim])
+        return rows, admitted
 
     def apply_fetched(self, keys, row_grads, iteration):
         """Updates the admitted rows of `keys` (fetch's) from their summed gradients, then
@@ -196,15 +202,30 @@ class DynamicVocabularyTables(EmbeddingStorage):
 
     def restore(self, member, state):
         """Takes a checkpoint's `state` (VocabularyState's tensors) of member table
-        number `member`; evicts down to the capacity if it holds more."""
-        table, options = self.tables[member], self.options
-        table.import_(state["keys"], state["values"], state["slots"], state["counts"], state["last_steps"])
-        if isinstance(self.filters[member], ExactCounts) and "candidate_keys" in state:
-            self.filters[member].table.import_(state["candidate_keys"], tf.zeros([tf.size(state["candidate_keys"]), 1]),
-                                               tf.zeros([0, tf.size(state["candidate_keys"]), 1]),
-                                               state["candidate_counts"], state["candidate_last_steps"])
-        if options.capacity is not None:
-            table.evict(options.capacity)
+        number `member`; evicts down to the capacity if it holds more. Returns the op."""
+        table, counter = self.tables[member], self.filters[member]
+        restored = [table.import_(state["keys"], state["values"], state["slots"], state["counts"],
+                                  state["last_steps"])]
+        if isinstance(counter, ExactCounts) and "candidate_keys" in state:
+            n = tf.size(state["candidate_keys"])
+            restored.append(counter.table.import_(state["candidate_keys"], tf.zeros([n, 1]), tf.zeros([0, n, 1]),
+                                                  state["candidate_counts"], state["candidate_last_steps"]))
+        if self.options.capacity is None:
+            return tf.group(restored)
+        with tf.control_dependencies(restored):
+            held = [table] + ([counter.table] if isinstance(counter, ExactCounts) else [])
+            return tf.group([t.evict(self.options.capacity) for t in held])
+
+
+@dataclasses.dataclass
+class _MemberKeys:
+    """One member table's part of a step's fetch."""
+    member: int
+    own: list           # the requests (their indices) reading it
+    sizes: list         # ids per request
+    unique: tf.Tensor   # the distinct keys
+    index: tf.Tensor    # each id's place among them
+    counts: tf.Tensor   # each distinct key's lookups in the batch
 
 
 class VocabularyState(tf.__internal__.tracking.Trackable):
@@ -226,8 +247,7 @@ class VocabularyState(tf.__internal__.tracking.Trackable):
         return state
 
     def _restore_from_tensors(self, restored_tensors):
-        self._storage.restore(self._member, restored_tensors)
-        return tf.no_op()
+        return self._storage.restore(self._member, restored_tensors)
 
 
 class ExactCounts:
@@ -294,7 +314,8 @@ def _evict_when_due(table, options, step):
     keep = tf.constant(tf.int64.max)
     if options.capacity is not None:
         over = table.size() > options.capacity
-        keep = tf.where(over, tf.constant(int(options.capacity * KEEP_AFTER_EVICTION), tf.int64), keep)
+        low = max(1, int(options.capacity * KEEP_AFTER_EVICTION))
+        keep = tf.where(over, tf.constant(low, tf.int64), keep)
     stale_before, due = tf.int64.min, over
     if options.eviction == "ttl":
         stale_before = step - options.steps_to_live + 1

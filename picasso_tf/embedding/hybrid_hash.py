@@ -24,6 +24,8 @@ The rest of the hash state goes into checkpoints beside them, per logical table 
 tier goes on as the saved one would have. A checkpoint without them (the plain model's)
 leaves the counts and the hot set as they are: empty in a new model.
 """
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -85,14 +87,18 @@ class HybridHashTables(EmbeddingStorage):
     def _held(self, member):
         return np.arange(self.world.rank, member.rows, self.world.size, dtype=np.int64)
 
-    def fetch(self, requests, training, check_ids):
-        """What the requests ([(ExchangedIds, ids)] of this group) look up: (the rows of
-        their distinct keys, each request's positions among them, those keys, how many
-        of them were hot or None)."""
+    def plan(self, requests, check_ids):
+        """The distinct keys the requests ([(ExchangedIds, ids)] of this group) look up,
+        their ids checked (``fetch`` takes it; its guards: what waits for the checks)."""
         keys, sizes = keys_of(self.layout, requests, 0, check_ids)
         unique, index = tf.unique(keys)
-        rows, hits = self.rows(unique, training)
-        return rows, positions_of(requests, index, sizes), unique, hits
+        return FetchPlan(requests, unique, index, sizes, guards=[unique])
+
+    def fetch(self, plan, training):
+        """What a plan's requests look up: (the rows of their distinct keys, each
+        request's positions among them, those keys, how many of them were hot or None)."""
+        rows, hits = self.rows(plan.keys, training)
+        return rows, positions_of(plan.requests, plan.index, plan.sizes), plan.keys, hits
 
     def rows(self, keys, training):
         """(The rows of the distinct `keys`, how many were hot): hot ones from the hot
@@ -358,6 +364,16 @@ class HashState(tf.__internal__.tracking.Trackable):
         return tf.no_op()
 
 
+@dataclasses.dataclass
+class FetchPlan:
+    """A hash-backed group's part of a step's fetch, made before any row is fetched."""
+    requests: list          # [(ExchangedIds, ids)]
+    keys: object            # the distinct keys (tensor), or the storage's own record of them
+    index: object           # each requested id's place among them
+    sizes: list             # ids per request
+    guards: list            # what the fetch of any group waits for: the checks of this one's ids
+
+
 class FetchedRowsLog:
     """What the forward pass being traced fetched from hash storage, for its training
     step: the rows (whose gradients update the storage) and the hot tiers' hits."""
@@ -399,18 +415,25 @@ class HashRowFetch:
     def fetch(self, requests):
         """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
         [positions tensor per request, shaped and typed as its ids])."""
-        rows, positions = {}, [None] * len(requests)
+        rows, positions, plans = {}, [None] * len(requests), {}
         for storage in self.storages:
             own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
             if not own:
                 rows[storage.name] = tf.zeros([0, storage.layout.dim], storage.layout.dtype)
                 continue
-            rows[storage.name], own_positions, keys, hits = storage.fetch(
-                [requests[i] for i in own], self.training, self.check_ids)
-            if self.training:
-                self.log.record(storage, keys, rows[storage.name], hits)
-            for i, p in zip(own, own_positions):
-                positions[i] = p
+            plans[storage.name] = (own, storage.plan([requests[i] for i in own], self.check_ids))
+        # Every group's ids are checked before any group's rows are fetched: a batch
+        # refused for one group changes no table (no insert, no count).
+        with tf.control_dependencies([g for _, plan in plans.values() for g in plan.guards]):
+            for storage in self.storages:
+                if storage.name not in plans:
+                    continue
+                own, plan = plans[storage.name]
+                rows[storage.name], own_positions, keys, hits = storage.fetch(plan, self.training)
+                if self.training:
+                    self.log.record(storage, keys, rows[storage.name], hits)
+                for i, p in zip(own, own_positions):
+                    positions[i] = p
         return rows, positions
 
 

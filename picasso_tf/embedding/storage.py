@@ -31,6 +31,8 @@ through the original variables (they write their rows back into them before a sa
 and read them back after a restore). The passes choose a layout's kind
 (``TableLayout.kind``); they never create its state.
 """
+import tensorflow as tf
+
 from picasso_tf.ops import sparse_apply
 
 
@@ -98,10 +100,11 @@ class TablesInPlace(EmbeddingStorage):
         pass
 
 
-def make_storage(layout, world, config, initializer_of=None):
+def make_storage(layout, world, config, initializers=None):
     """The storage of a TableLayout, of the kind the passes chose, for this rank of
-    `world`, with the options of `config` (a picasso_tf.Config); `initializer_of(variable)`:
-    the Keras initializer of a table's layer, for kinds that make new rows."""
+    `world`, with the options of `config` (a picasso_tf.Config); `initializers`: table name
+    -> its layer's serialized Keras initializer (Program.initializers), for kinds that make
+    new rows."""
     from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables, VocabularyOptions
     from picasso_tf.embedding.hybrid_hash import HybridHashTables   # they build on this module
     from picasso_tf.embedding.sharded import RowShardedTables
@@ -113,8 +116,8 @@ def make_storage(layout, world, config, initializer_of=None):
         return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every, world,
                                 config.hot_refresh)
     if layout.kind == DynamicVocabularyTables.kind:
-        return DynamicVocabularyTables(layout, [initializer_of(m.variable) for m in layout.members],
-                                       VocabularyOptions.from_config(config))
+        return DynamicVocabularyTables(layout, [tf.keras.initializers.deserialize(initializers[m.name])
+                                                for m in layout.members], VocabularyOptions.from_config(config))
     kinds = [TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind, HybridHashTables.sharded_kind,
              DynamicVocabularyTables.kind]
     raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; the kinds are {kinds}")

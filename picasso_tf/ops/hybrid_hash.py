@@ -48,7 +48,7 @@ _INITIALIZERS = {
 }
 
 
-def _initializer_spec(initializer):
+def initializer_spec(initializer):
     """(kind, a, b, seed or None) of a Keras initializer or its name: only the
     distributions that do not depend on a table's shape, which a hash table has not."""
     init = tf.keras.initializers.get(initializer)
@@ -76,7 +76,7 @@ class HashTable:
 
     def __init__(self, dim, num_slots=0, initializer="uniform", seed=None, slot_init=0.0,
                  num_partitions=16, initial_capacity=1024, name=None):
-        kind, a, b, init_seed = _initializer_spec(initializer)
+        kind, a, b, init_seed = initializer_spec(initializer)
         self.dim = int(dim)
         self.num_slots = int(num_slots)
         self.seed = int(seed if seed is not None else (init_seed if init_seed is not None else 0))

@@ -10,45 +10,54 @@ import collections
 
 import dataclasses
 
+from picasso_tf.passes.dynamic_vocabulary import raw_keyed_tables
+from picasso_tf.passes.k_packing import site_feature_names
 from picasso_tf.program import TableLayout, TableMember
 
 
 def d_packing(program, graph, config):
     if program.tables is None:      # planned once, on the first (training) graph
+        raw_keyed = frozenset()
+        if config.dynamic_vocabulary:
+            captured, analysis = program.graphs[graph], program.analyses[graph]
+            chosen = None if config.dynamic_vocabulary is True else set(config.dynamic_vocabulary)
+            raw_keyed = raw_keyed_tables(captured, analysis, site_feature_names(captured, analysis), chosen)
         program = dataclasses.replace(program, tables=plan_groups(
             program.analyses[graph], program.statistics.accesses,
-            config.max_shards if config.shard_heavy_groups else 1, program.frozen))
+            config.max_shards if config.shard_heavy_groups else 1, program.frozen, raw_keyed))
     return program, {"groups": len(program.tables), "tables": sum(len(t.members) for t in program.tables),
                      "statistics": program.statistics.source, "plan": program.describe_tables()}
 
 
-def plan_groups(analysis, accesses, max_shards=4, frozen=frozenset()):
+def plan_groups(analysis, accesses, max_shards=4, frozen=frozenset(), raw_keyed=frozenset()):
     # Tables read densely too (e.g. by a regularizer) get dense gradients: they pack
     # only with each other, so the other tables keep row-sparse updates. Frozen tables
     # (not among the model's trainable variables) pack only with each other too, and
-    # their group never trains.
+    # their group never trains. Tables a dynamic vocabulary may key by raw id
+    # (`raw_keyed`) pack only with each other, so that the others do not hold them back.
     by_key = collections.OrderedDict()
     for site in analysis.sites:
         variable = analysis.tables[site.table]
-        key = (site.dim, site.dtype, analysis.densely_read(variable), _name(variable) not in frozen)
+        key = (site.dim, site.dtype, analysis.densely_read(variable), _name(variable) not in frozen,
+               _name(variable) in raw_keyed)
         by_key.setdefault(key, collections.OrderedDict()).setdefault(variable.ref(), variable)
     groups = []
-    for (dim, dtype, dense, trainable), tables in by_key.items():
+    for (dim, dtype, dense, trainable, raw), tables in by_key.items():
         members = [TableMember(v, int(v.shape[0]), accesses.get(_name(v), 1.0)) for v in tables.values()]
-        suffix = ("_dense" if dense else "") + ("" if trainable else "_frozen")
-        groups.append((dim, dtype, dense, suffix, members))
-    volumes = [dim * sum(s.accesses for s in members) for dim, _, _, _, members in groups]
+        suffix = ("_dense" if dense else "") + ("" if trainable else "_frozen") + ("_raw" if raw else "")
+        groups.append((dim, dtype, dense, trainable, suffix, members))
+    volumes = [dim * sum(s.accesses for s in members) for dim, _, _, _, _, members in groups]
     mean = sum(volumes) / len(volumes) if volumes else 0.0
     lightest = min(volumes) if volumes else 0.0
     packed = []
-    for (dim, dtype, dense, suffix, members), volume in zip(groups, volumes):
+    for (dim, dtype, dense, trainable, suffix, members), volume in zip(groups, volumes):
         shards = 1
         if volume > mean and lightest > 0:
             shards = max(1, min(len(members), max_shards, round(volume / lightest)))
         for i, shard in enumerate(_balanced_split(members, dim, shards)):
             name = f"packed_{dtype.name}_d{dim}{suffix}" + (f"_s{i}" if shards > 1 else "")
             packed.append(TableLayout(name=name, dim=dim, dtype=dtype, members=shard,
-                                      densely_read=dense, trainable=not suffix.endswith("_frozen")))
+                                      densely_read=dense, trainable=trainable))
     return packed
 
 

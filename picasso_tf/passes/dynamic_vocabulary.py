@@ -24,6 +24,7 @@ from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name, unique_name
 from picasso_tf.passes.fetched_rows import (FUSED_LOOKUPS, check_hash_storage_options, fetch_rows_per_step,
                                            table_reads, why_read_in_place)
+from picasso_tf.ops.hybrid_hash import initializer_spec
 from picasso_tf.program import ExchangedIds
 
 KIND = "dynamic_vocabulary"
@@ -45,32 +46,34 @@ def dynamic_vocabulary(program, graph, config):
             f"picasso_tf: dynamic_vocabulary keys the fused lookups' tables by raw id, and with "
             f"packing={config.packing}, d_packing={config.d_packing}, k_packing={config.k_packing} no lookup is "
             "fused; turn packing on")
-    captured = program.graphs[graph]
-    index = GraphIndex(captured.graph_def)
-    reads = table_reads(captured, index)
     chosen = None if config.dynamic_vocabulary is True else set(config.dynamic_vocabulary)
-    sites = _sites_by_group(captured.graph_def, reads, program.tables or ())
+    views = {name: _GraphView(program, name) for name in program.graphs}
+    if chosen is not None:
+        known = {f for view in views.values() for s in view.sites.values() for f, _ in s}
+        if chosen - known:
+            raise ValueError(f"picasso_tf: dynamic_vocabulary names {sorted(chosen - known)}, which no fused "
+                             f"embedding lookup reads; the features are {sorted(known)}")
+    # A group goes over in every graph or in none: decided while no graph has been rewritten
+    # for it (kind "tables"), against every graph that reads it.
     groups, left = {}, {}
     for layout in program.tables or ():
-        if layout.kind not in ("tables", KIND) or layout.name not in sites:
-            continue        # (KIND: chosen in the other graph, training or inference)
-        features = [f for f, _ in sites[layout.name]]
-        if chosen is not None and not chosen & set(features):
+        if layout.kind == KIND and layout.name in views[graph].sites:
+            groups[layout.name] = layout        # decided on an earlier graph
+        if layout.kind != "tables" or layout.name not in views[graph].sites:
             continue
-        why = why_read_in_place(layout, reads.get(layout.name), index) or _why_not_hashed(
-            index, sites[layout.name], chosen)
+        features = {f for view in views.values() for f, _ in view.sites.get(layout.name, ())}
+        if chosen is not None and not chosen & features:
+            continue
+        why = next(filter(None, (view.why_not(layout, chosen) for view in views.values()
+                                 if layout.name in view.sites)), None) or _why_no_initializer(program, layout)
         if why:
             left[layout.name] = why
         else:
             groups[layout.name] = layout
-    if chosen is not None:
-        unknown = chosen - {f for s in sites.values() for f, _ in s}
-        if unknown:
-            raise ValueError(f"picasso_tf: dynamic_vocabulary names {sorted(unknown)}, which no fused embedding "
-                             f"lookup reads; the features are {sorted({f for s in sites.values() for f, _ in s})}")
     if not groups:
         return program, {"changed": False, "left_alone": left}
-    program, fetching_ops = fetch_rows_per_step(program, graph, groups, reads, KIND, positions_bound=POSITIONS_BOUND)
+    program, fetching_ops = fetch_rows_per_step(program, graph, groups, views[graph].reads, KIND,
+                                                positions_bound=POSITIONS_BOUND)
     program, keyed = _key_by_raw_ids(program, graph, set(groups))
     return program, {
         "changed": True, "groups": sorted(groups), "raw_keys": keyed, "fetching_ops": fetching_ops,
@@ -78,6 +81,51 @@ def dynamic_vocabulary(program, graph, config):
         "note": "these features are keyed by their raw ids, not by the model's hash bins: a different "
                 "(collision-free) model from the one written; its tables are the hash tables, not the model's "
                 "variables (model.picasso.vocabulary() exports them)"}
+
+
+def raw_keyed_tables(captured, analysis, features, chosen):
+    """Names of the tables whose every site (analysis.sites; `features`: site output ->
+    feature name) hashes its ids right before the lookup, for a feature `chosen` names
+    (None: any): D-packing keeps them apart, so that a table whose ids are not hashed
+    does not hold a hashed one back."""
+    index = GraphIndex(captured.graph_def)
+    hashed, other = set(), set()
+    for site in analysis.sites:
+        name = analysis.tables[site.table].name.split(":")[0]
+        named = chosen is None or features[site.output] in chosen
+        (hashed if named and _hashing(index, canonical(site.ids)) is not None else other).add(name)
+    return hashed - other
+
+
+class _GraphView:
+    """One graph's fused lookup sites per group, and what reads the groups' tables."""
+
+    def __init__(self, program, graph):
+        captured = program.graphs[graph]
+        self.index = GraphIndex(captured.graph_def)
+        self.reads = table_reads(captured, self.index)
+        self.sites = _sites_by_group(captured.graph_def, self.reads, program.tables or ())
+
+    def why_not(self, layout, chosen):
+        """Why this graph cannot key the group by raw id, or None."""
+        return why_read_in_place(layout, self.reads.get(layout.name), self.index) or _why_not_hashed(
+            self.index, self.sites[layout.name], chosen)
+
+
+def _why_no_initializer(program, layout):
+    """Why new keys of a member table could not be given rows, or None."""
+    for member in layout.members:
+        spec = program.initializers.get(member.name)
+        if spec is None:
+            return (f"table {member.name} is not a Keras Embedding layer's: the distribution of its new keys' "
+                    "rows is unknown")
+        initializer = tf.keras.initializers.deserialize(spec)
+        try:
+            initializer_spec(initializer)
+        except ValueError:
+            return (f"table {member.name}'s initializer {type(initializer).__name__} draws from a distribution "
+                    "that depends on the table's shape, which a hash table has not")
+    return None
 
 
 def _sites_by_group(graph_def, reads, layouts):

@@ -42,7 +42,7 @@ def k_packing(program, graph, config):
     sites_by_table = collections.defaultdict(list)
     for site in analysis.sites:
         sites_by_table[analysis.tables[site.table].ref()].append(site)
-    feature_names = _feature_names(captured, analysis)
+    feature_names = site_feature_names(captured, analysis)
 
     members_of = {}
     for group in program.tables:
@@ -291,7 +291,7 @@ def _num_segments(t, site):
     return tf.reduce_max(tf.concat([segs, [-1]], 0)) + 1
 
 
-def _feature_names(captured, analysis):
+def site_feature_names(captured, analysis):
     """Names each site after the model input its ids come from, else after its table."""
     index = GraphIndex(captured.graph_def)
     inputs = {split_tensor_name(t)[0]: name for t, name in zip(captured.input_tensors, captured.input_names)}
