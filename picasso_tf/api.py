@@ -22,6 +22,7 @@ import functools
 import inspect
 
 import tensorflow as tf
+from keras.src.mixed_precision.autocast_variable import AutoCastVariable
 
 from picasso_tf.compiler import compile_program
 from picasso_tf.distributed.checkpoint import save_sharded_weights
@@ -299,16 +300,20 @@ class PicassoModel(tf.keras.Model):
             storage.bind(fused.optimizer)
         note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
-        # The model's own list decides (a trainable=False layer keeps trainable variables).
-        training = {v.ref() for v in self.original.trainable_variables}
+        # The model's own list decides (a trainable=False layer keeps trainable variables);
+        # the rewritten graph reads a mixed-precision layer's variable itself, not its
+        # float16 view (AutoCastVariable).
+        training = {stored_variable(v).ref() for v in self.original.trainable_variables}
         shards = [v for s in storages if s.kind == RowShardedTables.kind and s.layout.trainable for v in s.variables()]
         trainable = [v for v in self._forward[True].variables if v.ref() in training] + shards
         fetch = self._forward[True].fetch
         fetched_rows = fetch.log.take if fetch is not None else (lambda: [])
         dense_update, dense_note = make_dense_update(optimizer, self.picasso.config)
+        # Mixed precision: Keras scales the loss for this optimizer and unscales the gradients.
+        loss_scale = optimizer if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer) else None
         return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read,
                             world=self.picasso.world, sharded=shards, fetched_rows=fetched_rows,
-                            dense_update=dense_update), "; ".join(filter(None, [note, dense_note]))
+                            dense_update=dense_update, loss_scale=loss_scale), "; ".join(filter(None, [note, dense_note]))
 
     def _ensure_rewritten(self, inputs):
         if self._forward is None:
@@ -509,6 +514,12 @@ class PicassoModel(tf.keras.Model):
         if not world.distributed or not isinstance(x, tf.data.Dataset) or steps is not None:
             return x
         return take_same_number_of_batches(x, world)
+
+
+def stored_variable(variable):
+    """The variable holding the values of `variable`: itself, or the variable a Keras
+    mixed-precision layer reads through an AutoCastVariable."""
+    return variable._variable if isinstance(variable, AutoCastVariable) else variable
 
 
 def _tensorflow_format(filepath, save_format):

@@ -340,3 +340,33 @@ def test_fit_evaluate_predict_callbacks_and_checkpoints(tmp_path):
     np.testing.assert_allclose(restored.predict(data, verbose=0), predictions, rtol=1e-6)
     for a, b in zip(model.original.weights, restored.original.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_a_mixed_precision_model_trains_exactly_like_keras(packing):
+    """Under Keras' mixed_float16 policy the float16 layers read their float32 variables
+    through AutoCastVariables, and Keras scales the loss for its LossScaleOptimizer: every
+    variable trains, as in Keras."""
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        def build():
+            tf.keras.utils.set_random_seed(0)
+            ids = tf.keras.Input(shape=(3,), dtype=tf.int64, name="ids")
+            hidden = tf.keras.layers.Dense(16, activation="relu")(
+                tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 8)(ids)))
+            return tf.keras.Model(ids, tf.keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden))
+        rng = np.random.default_rng(0)
+        x, y = rng.integers(0, 50, (80, 3)), rng.integers(0, 2, (80, 1)).astype("float32")
+        keras_model, original = build(), build()
+        initial = [w.numpy() for w in original.weights]
+        model = picasso.optimize(original, packing=packing)
+        losses = {}
+        for name, m in (("keras", keras_model), ("picasso", model)):
+            m.compile(tf.keras.optimizers.Adagrad(0.5), "binary_crossentropy")
+            losses[name] = [m.train_on_batch(x[i:i + 16], y[i:i + 16]) for i in range(0, 80, 16)]
+        np.testing.assert_allclose(losses["picasso"], losses["keras"], rtol=1e-5)
+        for a, b, start in zip(keras_model.weights, original.weights, initial):
+            np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
+            assert not np.array_equal(b.numpy(), start), f"{a.name} did not train"
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")

@@ -153,10 +153,12 @@ class TrainingStep:
     fetched_rows: FetchedRowsLog.take of the forward pass's fetch (picasso_tf.embedding.
     hybrid_hash): the hash storages' rows fetched by the forward pass being traced,
     whose gradients update them; dense_update: the update of the other variables, which
-    advances optimizer.iterations (picasso_tf.runtime.dense_update)."""
+    advances optimizer.iterations (picasso_tf.runtime.dense_update); loss_scale: a Keras
+    LossScaleOptimizer (mixed precision), which scales the loss before backward and
+    unscales the gradients after, as Keras does for it, or None."""
 
     def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=(),
-                 fetched_rows=lambda: [], dense_update=KerasDenseUpdate()):
+                 fetched_rows=lambda: [], dense_update=KerasDenseUpdate(), loss_scale=None):
         self.trainable = list(trainable)
         self.tables = {v.ref() for v in table_variables} - {v.ref() for v in densely_read}
         self.fused = fused
@@ -164,6 +166,7 @@ class TrainingStep:
         self.sharded = {v.ref() for v in sharded}   # shard variables: their gradients reach their owner
         self.fetched_rows = fetched_rows
         self.dense_update = dense_update
+        self.loss_scale = loss_scale
 
     def run(self, optimizer, loss):
         """Adds the step's updates; returns the tables updated inside their gradient kernels."""
@@ -185,8 +188,12 @@ class TrainingStep:
         kernels may update their tables; `stop`: tensors the gradient stops at (as
         tf.gradients' stop_gradients)."""
         fetched = self.fetched_rows()
+        if self.loss_scale is not None:
+            loss = self.loss_scale.get_scaled_loss(loss)    # so that float16 gradients do not underflow
         with update_tables_in_gradient(in_gradient):
             grads = tf.gradients(loss, self.trainable + [rows for _, _, rows in fetched], stop_gradients=list(stop))
+        if self.loss_scale is not None:
+            grads = self.loss_scale.get_unscaled_gradients(grads)
         grads, fetched_grads = grads[:len(self.trainable)], grads[len(self.trainable):]
         pairs = []
         for var, grad in zip(self.trainable, grads):
