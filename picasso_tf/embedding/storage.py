@@ -25,10 +25,13 @@ model holds every row once and checkpoints exactly as the plain model does.
 "sharded" (picasso_tf.embedding.sharded, hybrid parallelism) holds this rank's rows
 and serves the other ranks' lookups through the step's exchange. "hybrid_hash"
 (picasso_tf.embedding.hybrid_hash) holds the rows in a hash table keyed by id: the
-step fetches the batch's rows from it and updates them with ``apply_fetched``. Kinds
-whose state is not the original variables keep the checkpoint the plain model's
-through the original variables (they write their rows back into them before a save
-and read them back after a restore). The passes choose a layout's kind
+step fetches the batch's rows from it and updates them with ``apply_fetched``;
+"dynamic_vocabulary" (picasso_tf.embedding.dynamic_vocabulary) does the same with hash
+tables keyed by raw id. Kinds whose state is not the original variables keep the
+checkpoint the plain model's through the original variables (they write their rows
+back into them before a save and read them back after a restore), except the dynamic
+vocabulary, whose keys no original table has: its rows are checkpointed under names of
+their own (``checkpoint_children``). The passes choose a layout's kind
 (``TableLayout.kind``); they never create its state.
 """
 import tensorflow as tf
