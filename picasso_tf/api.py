@@ -456,6 +456,7 @@ class PicassoModel(tf.keras.Model):
     # With hot_refresh="lookahead", Keras reads the dataset through a PeekedDataset and a
     # callback refreshes the hot sets from the batches ahead (picasso_tf.embedding.lookahead).
     def fit(self, x=None, *args, **kwargs):
+        self._check_callbacks(inspect.signature(tf.keras.Model.fit).bind(self, x, *args, **kwargs).arguments)
         self.picasso.release()
         x = self._same_length_on_every_rank(x, kwargs.get("steps_per_epoch"))
         config = self.picasso.config
@@ -477,6 +478,17 @@ class PicassoModel(tf.keras.Model):
                                    config.hot_refresh_every, config.lookahead_batches)
         fit["x"], fit["callbacks"] = peeked.dataset, [refresh] + list(fit.get("callbacks") or [])
         return super().fit(**fit)
+
+    def _check_callbacks(self, fit_arguments):
+        """Refuses at the start of fit, not epochs in, the callbacks that would save or
+        restore the model's own variables alone (dynamic vocabularies are not among them)."""
+        for callback in fit_arguments.get("callbacks") or ():
+            if isinstance(callback, tf.keras.callbacks.EarlyStopping) and callback.restore_best_weights:
+                self.picasso.refuse_without_vocabularies("EarlyStopping(restore_best_weights=True), which copies "
+                                                         "get_weights,")
+            if isinstance(callback, tf.keras.callbacks.ModelCheckpoint) and (
+                    not callback.save_weights_only or not _tensorflow_format(callback.filepath, None)):
+                self.picasso.refuse_without_vocabularies(f"ModelCheckpoint({callback.filepath!r})")
 
     def _hot_sets_to_choose(self, features=None):
         """The hash storages whose hot set a refresh chooses (once the model is rewritten,

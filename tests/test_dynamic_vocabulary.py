@@ -380,6 +380,11 @@ def test_refusals_name_the_option():
                        ("get_weights", model.get_weights)]:
         with pytest.raises(UnsupportedModelError, match=f"{what}.*untrained hash bins.*model.picasso.vocabulary"):
             call()
+    x, y = batches(1)[0]
+    for callback in [tf.keras.callbacks.EarlyStopping(restore_best_weights=True),
+                     tf.keras.callbacks.ModelCheckpoint("/tmp/never.keras")]:
+        with pytest.raises(UnsupportedModelError, match="untrained hash bins"):
+            model.fit(x, y, epochs=2, callbacks=[callback], verbose=0)
     with pytest.raises(UnsupportedModelError, match="micro_batches=2"):
         picasso.optimize(hashed_model(), dynamic_vocabulary=True, micro_batches=2)
     with pytest.raises(UnsupportedModelError, match="dynamic_vocabulary.*packing=False"):
