@@ -171,9 +171,10 @@ class DynamicVocabularyTables(EmbeddingStorage):
             applied.append(apply_to_table(table, update, tf.gather(keys[:, 1], mine), tf.gather(row_grads, mine)))
         with tf.control_dependencies(applied):
             step = tf.convert_to_tensor(iteration, tf.int64)
-            return tf.group([self._evict_when_due(m, step) for m in range(len(self.tables))])
+            return tf.group([self._evictions(m, step) for m in range(len(self.tables))])
 
-    def _evict_when_due(self, member, step):
+    def _evictions(self, member, step):
+        """The evictions due after a step from member table `member` and its admission counts."""
         tables = [self.tables[member]]
         if isinstance(self.filters[member], ExactCounts):
             tables.append(self.filters[member].table)
