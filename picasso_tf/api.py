@@ -159,7 +159,9 @@ class PicassoInfo:
 
     def vocabulary(self):
         """{logical table name: (keys, rows)} of the dynamic-vocabulary tables (NumPy,
-        keys increasing): what they trained, keyed by raw id."""
+        keys increasing): what they trained, keyed by raw id. Under Horovod each rank
+        holds the keys it owns, and this gathers them all, the same on every rank: every
+        rank calls it together."""
         return {name: table for s in self.storages.values() if s.kind == DynamicVocabularyTables.kind
                 for name, table in s.vocabulary().items()}
 
@@ -257,8 +259,9 @@ class PicassoModel(tf.keras.Model):
         self.picasso.program, self.picasso.storages = program, storages
         check_ids = self.picasso.config.check_ids
         kinds = {t.name: t.kind for t in program.tables or ()}
-        exchanged = [storages[n] for n, k in kinds.items()
-                     if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)]
+        # Under Horovod a dynamic vocabulary's keys are spread over the ranks too.
+        exchanged = [storages[n] for n, k in kinds.items() if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)
+                     or (world.distributed and k == DynamicVocabularyTables.kind)]
         hashed = [storages[n] for n, k in kinds.items() if k in HASHED_IN_PROCESS]
         fetch = {training: RowExchange(exchanged, world, check_ids, training, config.wire_dtype) if exchanged else
                  HashRowFetch(hashed, training, check_ids) if hashed else None for training in (True, False)}
@@ -429,6 +432,9 @@ class PicassoModel(tf.keras.Model):
         sharded = self.picasso._row_sharded()
         if world.distributed and sharded and _tensorflow_format(filepath, save_format):
             self.picasso.release()
+            for storage in self.picasso.storages.values():
+                if storage.kind == DynamicVocabularyTables.kind:
+                    storage.write_back()    # gathers every rank's keys, for rank 0's part
             return save_sharded_weights(self, filepath, [b for s in sharded for b in s.held_blocks()], world, options)
         with self.picasso.whole_tables():
             if world.rank == 0:

@@ -41,16 +41,16 @@ def test_horovod_is_built_with_tensorflow_and_gloo():
     assert "[X] TensorFlow" in out and "[X] Gloo" in out, out
 
 
-def horovodrun_worker(args, np_, timeout=400):
-    """Runs tests/workers/hybrid_training.py on np_ Gloo ranks (np_=1: one plain process)."""
-    script = [sys.executable, os.path.join(WORKERS, "hybrid_training.py")] + [str(a) for a in args]
+def horovodrun_worker(args, np_, timeout=400, worker="hybrid_training.py"):
+    """Runs tests/workers/`worker` on np_ Gloo ranks (np_=1: one plain process)."""
+    script = [sys.executable, os.path.join(WORKERS, worker)] + [str(a) for a in args]
     if np_ > 1:
         script = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(np_),
                   "-H", f"localhost:{np_}", "--gloo"] + script
     return subprocess.run(script, capture_output=True, text=True, timeout=timeout)
 
 
-def _ran(done):
+def check_ran(done):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
@@ -63,14 +63,15 @@ def trained(tmp_path_factory):
     (32 each), each saving a checkpoint; the 2 ranks count their AllToAllv's bytes."""
     root = tmp_path_factory.mktemp("hybrid")
     for np_ in (1, 2):
-        _ran(horovodrun_worker([root / f"out{np_}", "--save", root / f"ckpt{np_}"] + ["--count-bytes"] * (np_ > 1), np_))
+        check_ran(horovodrun_worker([root / f"out{np_}", "--save", root / f"ckpt{np_}"] + ["--count-bytes"] * (np_ > 1),
+                                    np_))
     # The same on 2 ranks with the rows and row gradients on a float16 wire.
-    _ran(horovodrun_worker([root / "half", "--optimizers", "adam", "--wire-dtype", "float16", "--count-bytes"], 2))
+    check_ran(horovodrun_worker([root / "half", "--optimizers", "adam", "--wire-dtype", "float16", "--count-bytes"], 2))
     # The same with every table small enough to stay whole on each rank (the default for small tables).
-    _ran(horovodrun_worker([root / "replicated", "--optimizers", "adagrad", "--replicate-below", 1 << 20], 2))
+    check_ran(horovodrun_worker([root / "replicated", "--optimizers", "adagrad", "--replicate-below", 1 << 20], 2))
     # Hash-backed tables with a small hot tier, sharded over the ranks.
-    _ran(horovodrun_worker([root / "hashed", "--optimizers", "sgd,adagrad", "--hybrid-hash",
-                            "--save", root / "ckpt_hashed"], 2))
+    check_ran(horovodrun_worker([root / "hashed", "--optimizers", "sgd,adagrad", "--hybrid-hash",
+                                 "--save", root / "ckpt_hashed"], 2))
     return root
 
 
@@ -124,7 +125,7 @@ def test_a_float16_wire_halves_the_rows_bytes_and_trains_like_float32(trained):
 
 def test_ranks_with_uneven_data_finish_together(tmp_path):
     done = horovodrun_worker([tmp_path, "--optimizers", "sgd", "--batches-rank1", 13], 2, timeout=300)
-    _ran(done)
+    check_ran(done)
     assert json.load(open(tmp_path / "sgd.json"))["steps"] == 13       # rank 0 had 20 batches
 
 
@@ -132,7 +133,7 @@ def test_ranks_with_uneven_data_finish_together(tmp_path):
 def test_checkpoints_restore_on_another_number_of_ranks(trained, tmp_path, saved_by, restored_by):
     done = horovodrun_worker([tmp_path, "--optimizers", "adam", "--no-train", "--restore", trained / f"ckpt{saved_by}"],
                              restored_by)
-    _ran(done)
+    check_ran(done)
     saved, restored = _arrays(trained / f"out{saved_by}" / "adam.npz"), _arrays(tmp_path / "adam.npz")
     assert len(saved) == len(restored)      # weights and Adam's m and v of every table and kernel
     for a, b in zip(saved, restored):
@@ -179,7 +180,7 @@ def test_hash_backed_shards_restore_into_one_process(trained, tmp_path):
     process restores it into hash storage, and trains on as from tables (up to the
     stitched projection's summation order over the fetched rows)."""
     for variant, hashed in (("tables", []), ("hash", ["--hybrid-hash"])):
-        _ran(horovodrun_worker([tmp_path / variant, "--optimizers", "adagrad", "--restore", trained / "ckpt_hashed",
+        check_ran(horovodrun_worker([tmp_path / variant, "--optimizers", "adagrad", "--restore", trained / "ckpt_hashed",
                                 *hashed], 1))
     for a, b in zip(_arrays(tmp_path / "tables" / "adagrad.npz"), _arrays(tmp_path / "hash" / "adagrad.npz")):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

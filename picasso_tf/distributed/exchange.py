@@ -23,13 +23,26 @@ AllToAllv, which returns every row gradient to its owner, summed there per row b
 gradient of the owner's gather, and becomes the shard variables' row-sparse gradient.
 A hash-backed group (picasso_tf.embedding.hybrid_hash) serves its rows from this rank's
 hash storage instead, and the step takes the gradient of the rows it served (``log``).
+
+A dynamic vocabulary (picasso_tf.embedding.dynamic_vocabulary) is keyed by raw ids, any
+int64, owned by rank raw_key_owner(key): no bits are left for a table number. With one
+in the exchange every key travels as a pair (row_keys.pairs: table number << ID_BITS |
+lookups, key; a row id's pair has no lookups) in the same one AllToAllv, [n, 2] instead
+of [n]: the requester sends each distinct raw key once with how often its batch looked
+it up, and the owner sums those over the ranks (admission counts every lookup). Its
+owner's lookup inserts and counts, so with vocabulary_capacity set every owner first
+checks its distinct keys per table against it, and the ranks agree on the largest
+count in one small Allreduce (Max): a step beyond the capacity fails on every rank,
+before any table of any rank changes, instead of leaving the others waiting.
 """
 import tensorflow as tf
 
 from picasso_tf.distributed.wire import alltoall_rows
 from picasso_tf.distributed.world import hvd
+from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables
 from picasso_tf.embedding.hybrid_hash import FetchedRowsLog, HybridHashTables
-from picasso_tf.embedding.row_keys import ID_BITS, check_table_count, keys_of, positions_of, row_id, table_number
+from picasso_tf.embedding.row_keys import (ID_BITS, check_table_count, keys_of, pairs, positions_of, raw_key_owner,
+                                           row_id, table_number, widened)
 from picasso_tf.embedding.sharded import RowShardedTables
 from picasso_tf.ops.packed_lookup import packed_lookup
 from picasso_tf.ops.read_tables import read_tables
@@ -43,6 +56,9 @@ class RowExchange:
         self.storages, self.world, self.check_ids, self.training = list(storages), world, check_ids, training
         self.wire_dtype = wire_dtype
         self.log = FetchedRowsLog()     # rows served from hash storage, for the training step
+        # Raw keys take all 64 bits: with a dynamic vocabulary, every key travels as a pair.
+        self.wide = any(s.kind == DynamicVocabularyTables.kind for s in self.storages)
+        self.features = {}              # (group, member) -> the features reading it, for errors
         self.first_table, tables = {}, []
         for g, storage in enumerate(self.storages):
             self.first_table[storage.name] = len(tables)
@@ -61,6 +77,8 @@ class RowExchange:
         [positions tensor per request, shaped and typed as its ids])."""
         size, groups = self.world.size, len(self.storages)
         keys, remap, counts = [], [], []
+        for x, _ in requests:
+            self.features.setdefault((x.group, x.member), set()).add(x.feature)
         for storage in self.storages:
             own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
             k, positions, c = self._request(storage, [requests[i] for i in own])
@@ -90,46 +108,95 @@ class RowExchange:
         group's fetched rows, and the number of keys per owner."""
         size = self.world.size
         if not requests:
-            empty = tf.zeros([0], tf.int64)
+            empty = tf.zeros([0, 2] if self.wide else [0], tf.int64)
             return [empty] * size, [], tf.zeros([size], tf.int32)
-        keys, sizes = keys_of(storage.layout, requests, self.first_table[storage.name], self.check_ids)
-        unique, index = tf.unique(keys)
-        if storage.kind == RowShardedTables.kind:
-            owner = tf.cast(row_id(unique) // tf.gather(self.block_of_table, table_number(unique)), tf.int32)
+        if storage.kind == DynamicVocabularyTables.kind:
+            unique, index, sizes, owner = self._raw_keys(storage, requests)
         else:
-            owner = tf.cast(row_id(unique) % size, tf.int32)
+            keys, sizes = keys_of(storage.layout, requests, self.first_table[storage.name], self.check_ids)
+            unique, index = tf.unique(keys)
+            if storage.kind == RowShardedTables.kind:
+                owner = tf.cast(row_id(unique) // tf.gather(self.block_of_table, table_number(unique)), tf.int32)
+            else:
+                owner = tf.cast(row_id(unique) % size, tf.int32)
+            if self.wide:
+                unique = widened(unique)
         by_owner = tf.dynamic_partition(unique, owner, size)
-        order = tf.dynamic_partition(tf.range(tf.size(unique)), owner, size)
+        order = tf.dynamic_partition(tf.range(tf.shape(unique)[0]), owner, size)
         # Fetched rows come back owner by owner: a key's row lands at its place in that order.
         place = tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)
-        counts = tf.stack([tf.size(part) for part in by_owner])
+        counts = tf.stack([tf.shape(part)[0] for part in by_owner])
         return by_owner, positions_of(requests, place, sizes), counts
+
+    def _raw_keys(self, storage, requests):
+        """A dynamic vocabulary's requests as (their distinct keys as pairs, each id's
+        place among them, requests after one another, the ids per request, each pair's
+        owner)."""
+        first = self.first_table[storage.name]
+        members = storage.distinct_keys(requests)
+        places, start = [None] * len(requests), 0
+        for x in members:
+            for i, place in zip(x.own, tf.split(x.index + start, x.sizes, num=len(x.sizes))):
+                places[i] = place
+            start += tf.size(x.unique)
+        keys = tf.concat([x.unique for x in members], 0)
+        sent = tf.concat([pairs(tf.fill(tf.shape(x.unique), first + x.member), x.counts, x.unique)
+                          for x in members], 0)
+        return sent, tf.concat(places, 0), [tf.size(p) for p in places], raw_key_owner(keys, self.world.size)
 
     def _serve(self, received, received_splits):
         """The rows of the keys other ranks asked this one for, laid out as they sent
         them, and the number of floats per rank."""
         size, groups = self.world.size, len(self.storages)
-        unique, index = tf.unique(received)
-        table = table_number(unique)
-        group = tf.gather(self.group_of_table, table)
-        by_group = tf.dynamic_partition(unique, group, groups)
-        order = tf.dynamic_partition(tf.range(tf.size(unique)), group, groups)
-        starts = tf.cumsum(tf.stack([tf.size(part) for part in by_group]), exclusive=True)
-        place = tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)   # group-major
-        received_group = tf.gather(group, index)
-        place_in_group = place - tf.gather(starts, received_group)
-        wanted = tf.dynamic_partition(place_in_group, received_group, groups)
+        table = table_number(received[:, 0] if self.wide else received)
+        if self.wide:
+            # A row id's pair has no lookups: its tag | id is the key it would travel as alone.
+            tag, key = received[:, 0], received[:, 1]
+            received, lookups = tf.bitwise.bitwise_or(tag, key), row_id(tag)
+        received_group = tf.gather(self.group_of_table, table)
+        # Each group's keys in the order received (sender by sender).
+        entries = tf.dynamic_partition(tf.range(tf.size(table)), received_group, groups)
         sender = tf.repeat(tf.range(size), received_splits)
         per_sender = tf.reshape(tf.math.bincount(sender * groups + received_group, minlength=size * groups,
                                                  maxlength=size * groups), [size, groups])
+        vocabularies = {g: storage.plan_received(tf.gather(self.member_of_table, tf.gather(table, entries[g])),
+                                                 tf.gather(key, entries[g]), tf.gather(lookups, entries[g]))
+                        for g, storage in enumerate(self.storages) if storage.kind == DynamicVocabularyTables.kind}
+        # No group's table changes before every rank's vocabularies are within their capacity.
+        with tf.control_dependencies(self._capacity_checks(vocabularies)):
+            served = [self._served(storage, entries[g], received, vocabularies.get(g))
+                      for g, storage in enumerate(self.storages)]
         pieces, floats = [], []
-        for g, storage in enumerate(self.storages):
-            rows = tf.gather(self._lookup(storage, by_group[g]), wanted[g])
+        for g, (storage, rows) in enumerate(zip(self.storages, served)):
             dim = storage.layout.dim
             pieces.append(tf.split(tf.reshape(rows, [-1]), per_sender[:, g] * dim, num=size))
             floats.append(per_sender[:, g] * dim)
         buffer = tf.concat([pieces[g][s] for s in range(size) for g in range(groups)], 0)
         return buffer, tf.add_n(floats)
+
+    def _served(self, storage, entries, received, vocabulary):
+        """The rows of one group's received keys (at `entries` of `received`), in the
+        order received; `vocabulary`: plan_received's members, for a dynamic vocabulary."""
+        if vocabulary is not None:
+            rows, distinct_rows, keys = storage.serve(vocabulary, self.training)
+            if self.training:
+                self.log.record(storage, keys, distinct_rows, None)
+            return rows
+        unique, index = tf.unique(tf.gather(received, entries))
+        return tf.gather(self._lookup(storage, unique), index)
+
+    def _capacity_checks(self, vocabularies):
+        """The ops refusing a training step in which any rank owns more distinct keys of a
+        dynamic-vocabulary table than its capacity: the same on every rank (one Allreduce
+        of the counts), so that they all fail together; none without a capacity."""
+        checked = [(self.storages[g], x) for g, members in vocabularies.items()
+                   if self.storages[g].options.capacity is not None for x in members]
+        if not checked or not self.training:
+            return []
+        distinct = tf.stack([tf.size(x.unique, out_type=tf.int64) for _, x in checked])
+        most = hvd().allreduce(distinct, op=hvd().Max, name="picasso_vocabulary_capacity")
+        return [storage.capacity_check(x.member, most[i], sorted(self.features.get((storage.name, x.member), ())))
+                for i, (storage, x) in enumerate(checked)]
 
     def _lookup(self, storage, keys):
         """The rows of one group's (unique) keys from this rank's shards, in their order."""

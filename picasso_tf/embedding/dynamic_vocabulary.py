@@ -32,15 +32,27 @@ Checkpoints hold every table's keys, rows, slots, counts and last steps (and the
 admission counts) under "picasso_vocabulary/<table>"; a restore into a smaller capacity
 evicts as a step would, down to the capacity. The model's own variables keep the rows of
 its hash bins, untrained: ``vocabulary()`` exports what was trained.
+
+Under hybrid parallelism (Horovod, `world` of several ranks) each rank holds the keys
+it owns (picasso_tf.embedding.row_keys.raw_key_owner) and serves the other ranks'
+lookups of them through the row exchange (picasso_tf.distributed.exchange):
+``distinct_keys`` on the requester, ``plan_received``/``serve`` on the owner, with the
+lookups summed over the ranks, so that admission, eviction and the capacity (per rank)
+work on the owner's keys as on one process's. ``write_back`` (every rank together)
+gathers every rank's keys, which a checkpoint then holds under the same names as one
+process's; a restore keeps the keys this rank owns, whatever the number of ranks that
+wrote it. ``vocabulary()`` gathers them too.
 """
 import dataclasses
 import zlib
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
+from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hybrid_hash import FetchPlan, apply_to_table, check_hash_optimizer, table_update
-from picasso_tf.embedding.row_keys import positions_of
+from picasso_tf.embedding.row_keys import positions_of, raw_key_owner
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.ops.hybrid_hash import HashTable
 
@@ -68,10 +80,18 @@ class DynamicVocabularyTables(EmbeddingStorage):
 
     kind = "dynamic_vocabulary"
 
-    def __init__(self, layout, initializers, options=VocabularyOptions()):
-        """initializers: per member, the Keras initializer of its layer."""
+    def __init__(self, layout, initializers, options=VocabularyOptions(), world=World()):
+        """initializers: per member, the Keras initializer of its layer; world: the ranks
+        whose keys it shares (this rank holds those it owns)."""
         super().__init__(layout)
         self.options = options
+        self.world = world
+        self.collective = world.distributed     # write_back and vocabulary() gather from every rank
+        with tf.init_scope():
+            # Counts the steps applied, so that a checkpoint knows whether write_back's keys are current.
+            self.updates = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                       name=f"picasso_vocabulary_updates/{layout.name}")
+        self._gathered, self._gathered_at = None, None   # write_back's per member state (several ranks)
         self.optimizer = None       # the RowSparseOptimizer it was bound to
         capacity = min(options.capacity or 1024, 1 << 20)
         self.tables = [HashTable(layout.dim, num_slots=1, initializer=init, seed=_seed(init, m.name),
@@ -105,42 +125,88 @@ class DynamicVocabularyTables(EmbeddingStorage):
             if table.slot_init != initial:
                 table.set_slot_init(initial)
 
-    def plan(self, requests, check_ids):
-        """The distinct raw keys per table of the requests ([(ExchangedIds, raw keys)] of
-        this group), each table's checked against the capacity (``fetch`` takes it; its
-        guards: what waits for the checks). `check_ids` does not apply: any int64 is a key."""
-        members, checks = [], []
+    def distinct_keys(self, requests):
+        """[_MemberKeys] of the requests ([(ExchangedIds, raw keys)] of this group): per
+        member table they read, its distinct keys and how often each is looked up."""
+        members = []
         for m in sorted({x.member for x, _ in requests}):
             own = [i for i, (x, _) in enumerate(requests) if x.member == m]
             flat = [tf.reshape(tf.cast(requests[i][1], tf.int64), [-1]) for i in own]
             unique, index, counts = tf.unique_with_counts(tf.concat(flat, 0))
             members.append(_MemberKeys(m, own, [tf.size(f) for f in flat], unique, index, counts))
-            if self.options.capacity is not None:
-                features = ", ".join(sorted({requests[i][0].feature for i in own}))
-                checks.append(tf.debugging.assert_less_equal(
-                    tf.size(unique, out_type=tf.int64), tf.constant(self.options.capacity, tf.int64),
-                    message=f"picasso_tf: a batch looks up more distinct ids of {features} (table "
-                            f"{self.layout.members[m].name}) than vocabulary_capacity={self.options.capacity} "
-                            "keys; raise vocabulary_capacity or train on smaller batches. Nothing was changed"))
+        return members
+
+    def plan(self, requests, check_ids):
+        """The distinct raw keys per table of the requests, each table's checked against
+        the capacity (``fetch`` takes it; its guards: what waits for the checks).
+        `check_ids` does not apply: any int64 is a key."""
+        members = self.distinct_keys(requests)
+        checks = [self.capacity_check(x.member, tf.size(x.unique, out_type=tf.int64),
+                                      sorted({requests[i][0].feature for i in x.own}))
+                  for x in members if self.options.capacity is not None]
         return FetchPlan(requests, members, None, None, guards=[x.unique for x in members] + checks)
+
+    def capacity_check(self, member, distinct, features):
+        """The op refusing a step that looks up more than the capacity's `distinct` keys
+        of member table `member` (several ranks: on the rank that owns them), which the
+        `features` read."""
+        where = "" if not self.world.distributed else (
+            f" on the rank that owns them (under Horovod each of the {self.world.size} ranks holds up to "
+            "vocabulary_capacity keys of its own)")
+        return tf.debugging.assert_less_equal(
+            distinct, tf.constant(self.options.capacity, tf.int64),
+            message=f"picasso_tf: a batch looks up more distinct ids of {', '.join(features)} (table "
+                    f"{self.layout.members[member].name}) than vocabulary_capacity={self.options.capacity} keys"
+                    f"{where}; raise vocabulary_capacity or train on smaller batches. Nothing was changed")
 
     def fetch(self, plan, training):
         """What a plan's requests look up: (the rows of their distinct keys, table by
         table, each request's positions among them, those keys as [member, key, admitted]
         rows, None: no hot tier)."""
-        rows, positions, keys, first = [], [None] * len(plan.requests), [], 0
-        for x in plan.keys:
+        rows, keys, firsts = self._rows(plan.keys, training)
+        positions = [None] * len(plan.requests)
+        for x, first in zip(plan.keys, firsts):
+            for i, p in zip(x.own, positions_of([plan.requests[i] for i in x.own], x.index + first, x.sizes)):
+                positions[i] = p
+        return rows, positions, keys, None
+
+    def plan_received(self, member, keys, lookups):
+        """The owner's part of the exchange: [_MemberKeys] of every member table (in
+        order, one each, however few keys it got), from the raw `keys` other ranks sent
+        of member tables `member`, each looked up `lookups` times by its sender; a key
+        sent by several ranks is one key, looked up as often as they all did."""
+        members = []
+        for m in range(len(self.layout.members)):
+            own = tf.where(tf.equal(member, m))[:, 0]
+            unique, index = tf.unique(tf.gather(keys, own))
+            counts = tf.math.unsorted_segment_sum(tf.cast(tf.gather(lookups, own), tf.int32), index, tf.size(unique))
+            members.append(_MemberKeys(m, own, None, unique, index, counts))
+        return members
+
+    def serve(self, members, training):
+        """(The row of every key received, in the order received; the rows of the
+        distinct keys, whose gradients update them; those keys as [member, key,
+        admitted]) of plan_received's `members`."""
+        rows, keys, firsts = self._rows(members, training)
+        place = tf.dynamic_stitch([tf.cast(x.own, tf.int32) for x in members],
+                                  [x.index + first for x, first in zip(members, firsts)])
+        return tf.gather(rows, place), rows, keys
+
+    def _rows(self, members, training):
+        """(The rows of `members`' distinct keys, member after member; those keys as
+        [member, key, admitted]; where each member's rows start)."""
+        rows, keys, firsts, first = [], [], [], 0
+        for x in members:
             if training:
                 member_rows, admitted = self._find_or_admit(x.member, x.unique, x.counts)
             else:
                 member_rows, admitted = self.tables[x.member].lookup(x.unique)[0], tf.ones_like(x.unique, tf.bool)
-            for i, p in zip(x.own, positions_of([plan.requests[i] for i in x.own], x.index + first, x.sizes)):
-                positions[i] = p
+            firsts.append(first)
             first += tf.size(x.unique)
             rows.append(member_rows)
             keys.append(tf.stack([tf.fill(tf.shape(x.unique), tf.constant(x.member, tf.int64)), x.unique,
                                   tf.cast(admitted, tf.int64)], 1))
-        return tf.concat(rows, 0), positions, tf.concat(keys, 0), None
+        return tf.concat(rows, 0), tf.concat(keys, 0), firsts
 
     def _find_or_admit(self, member, unique, counts):
         """(the rows of the distinct keys `unique` of member table `member`, looked up
@@ -171,7 +237,9 @@ class DynamicVocabularyTables(EmbeddingStorage):
             applied.append(apply_to_table(table, update, tf.gather(keys[:, 1], mine), tf.gather(row_grads, mine)))
         with tf.control_dependencies(applied):
             step = tf.convert_to_tensor(iteration, tf.int64)
-            return tf.group([self._evictions(m, step) for m in range(len(self.tables))])
+            evicted = tf.group([self._evictions(m, step) for m in range(len(self.tables))])
+        with tf.control_dependencies([evicted]):
+            return self.updates.assign_add(1)
 
     def _evictions(self, member, step):
         """The evictions due after a step from member table `member` and its admission counts."""
@@ -181,7 +249,15 @@ class DynamicVocabularyTables(EmbeddingStorage):
         return tf.group([_evict_when_due(table, self.options, step) for table in tables])
 
     def write_back(self):
-        pass    # the original variables hold hash bins' rows, not these: vocabulary() exports them
+        """The original variables hold hash bins' rows, not these (vocabulary() exports
+        them). Several ranks: keeps every rank's keys, gathered, for the next checkpoint
+        (a collective: every rank calls it, as save_weights does)."""
+        if not self.world.distributed:
+            return
+        now = int(self.updates.numpy())
+        if self._gathered_at != now:
+            self._gathered = [self._gathered_state(m) for m in range(len(self.tables))]
+            self._gathered_at = now
 
     def read_back(self):
         pass
@@ -194,16 +270,71 @@ class DynamicVocabularyTables(EmbeddingStorage):
         return tf.add_n([table.size() for table in self.tables])
 
     def vocabulary(self):
-        """{logical table name: (keys, rows)} of every member, keys increasing (NumPy)."""
+        """{logical table name: (keys, rows)} of every member, keys increasing (NumPy);
+        several ranks: every rank's keys (a collective: every rank calls it)."""
         out = {}
-        for m, table in zip(self.layout.members, self.tables):
+        for m, (member, table) in enumerate(zip(self.layout.members, self.tables)):
             exported = table.export()
-            out[m.name] = (exported.keys.numpy(), exported.values.numpy())
+            keys, [values] = self._from_every_rank(exported.keys, [exported.values], f"{m}_vocabulary")
+            out[member.name] = (keys.numpy(), values.numpy())
         return out
+
+    def checkpoint_state(self, member):
+        """VocabularyState's tensors of member table number `member`: its hash table's
+        export (and the exact admission counts); several ranks: write_back's, of every rank."""
+        if not self.world.distributed:
+            return self._local_state(member)
+        if self._gathered_at != int(self.updates.numpy()):
+            raise RuntimeError(
+                f"picasso_tf: the dynamic vocabulary of {self.layout.members[member].name} is held by "
+                f"{self.world.size} ranks and saved from write_back, which gathers it and which every rank calls "
+                "together (save_weights does); call model.picasso.write_back() on every rank before writing a "
+                "checkpoint with tf.train.Checkpoint")
+        return self._gathered[member]
+
+    def _local_state(self, member):
+        state = self.tables[member].export()._asdict()
+        counter = self.filters[member]
+        if isinstance(counter, ExactCounts):
+            candidates = counter.table.export()
+            state.update(candidate_keys=candidates.keys, candidate_counts=candidates.counts,
+                         candidate_last_steps=candidates.last_steps)
+        return state
+
+    def _gathered_state(self, member):
+        """_local_state of member table `member` from every rank, keys increasing."""
+        state = self._local_state(member)
+        # Slots are [slot, key, dim]: gathered key by key.
+        keys, (values, slots, counts, last_steps) = self._from_every_rank(
+            state["keys"], [state["values"], tf.transpose(state["slots"], [1, 0, 2]), state["counts"],
+                            state["last_steps"]], f"{member}_state")
+        gathered = dict(keys=keys, values=values, slots=tf.transpose(slots, [1, 0, 2]), counts=counts,
+                        last_steps=last_steps)
+        if "candidate_keys" in state:
+            keys, (counts, last_steps) = self._from_every_rank(
+                state["candidate_keys"], [state["candidate_counts"], state["candidate_last_steps"]],
+                f"{member}_candidates")
+            gathered.update(candidate_keys=keys, candidate_counts=counts, candidate_last_steps=last_steps)
+        return gathered
+
+    def _from_every_rank(self, keys, fields, what):
+        """(`keys`, `fields`: tensors of a row per key) of every rank, keys increasing
+        (eagerly); one rank's as they are."""
+        if not self.world.distributed:
+            return keys, fields
+        name = f"picasso_vocabulary_{self.layout.name}_{what}"
+        keys = hvd().allgather(keys, name=f"{name}_keys")
+        order = np.argsort(keys.numpy(), kind="stable")
+        return tf.gather(keys, order), [tf.gather(hvd().allgather(f, name=f"{name}_{i}"), order)
+                                        for i, f in enumerate(fields)]
 
     def restore(self, member, state):
         """Takes a checkpoint's `state` (VocabularyState's tensors) of member table
-        number `member`; evicts down to the capacity if it holds more. Returns the op."""
+        number `member`: several ranks, the keys this rank owns, whatever the number of
+        ranks that saved it. Evicts down to the capacity if it holds more. Returns the op."""
+        if self.world.distributed:
+            state = self._owned(state)
+        self._gathered_at = None
         table, counter = self.tables[member], self.filters[member]
         restored = [table.import_(state["keys"], state["values"], state["slots"], state["counts"],
                                   state["last_steps"])]
@@ -218,12 +349,27 @@ class DynamicVocabularyTables(EmbeddingStorage):
             return tf.group([t.evict(self.options.capacity) for t in held])
 
 
+    def _owned(self, state):
+        """A checkpoint's state reduced to the keys (and candidate keys) this rank owns."""
+        out = dict(state)
+        for keys, fields, slotted in (("keys", ("values", "counts", "last_steps"), "slots"),
+                                      ("candidate_keys", ("candidate_counts", "candidate_last_steps"), None)):
+            if keys not in state:
+                continue
+            mine = tf.where(tf.equal(raw_key_owner(state[keys], self.world.size), self.world.rank))[:, 0]
+            for name in (keys,) + fields:
+                out[name] = tf.gather(state[name], mine)
+            if slotted:
+                out[slotted] = tf.gather(state[slotted], mine, axis=1)
+        return out
+
+
 @dataclasses.dataclass
 class _MemberKeys:
     """One member table's part of a step's fetch."""
     member: int
-    own: list           # the requests (their indices) reading it
-    sizes: list         # ids per request
+    own: list           # the requests (their indices) reading it; the owner's: the received keys' (tensor)
+    sizes: list         # ids per request (None on the owner)
     unique: tf.Tensor   # the distinct keys
     index: tf.Tensor    # each id's place among them
     counts: tf.Tensor   # each distinct key's lookups in the batch
@@ -238,14 +384,7 @@ class VocabularyState(tf.__internal__.tracking.Trackable):
         self._storage, self._member = storage, member
 
     def _serialize_to_tensors(self):
-        exported = self._storage.tables[self._member].export()
-        state = exported._asdict()
-        counter = self._storage.filters[self._member]
-        if isinstance(counter, ExactCounts):
-            candidates = counter.table.export()
-            state.update(candidate_keys=candidates.keys, candidate_counts=candidates.counts,
-                         candidate_last_steps=candidates.last_steps)
-        return state
+        return self._storage.checkpoint_state(self._member)
 
     def _restore_from_tensors(self, restored_tensors):
         return self._storage.restore(self._member, restored_tensors)

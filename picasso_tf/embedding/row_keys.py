@@ -6,6 +6,10 @@ A request is one site's ids (an ExchangedIds placeholder's value, any shape); `k
 turns a group's requests into keys, checking that every id lies in its table, and
 `positions_of` turns each key's place among the fetched rows back into the requests'
 shapes, which the rewritten lookups read.
+
+A dynamic vocabulary's keys are raw ids (any int64), which leave no bits for a table
+number: under hybrid parallelism its rank is ``raw_key_owner``'s, and the exchange
+sends them as pairs (``pairs``).
 """
 import tensorflow as tf
 
@@ -28,6 +32,27 @@ def keys_of(layout, requests, first_table, check_ids=True):
     keys = tf.concat([tf.bitwise.bitwise_or(ids, tf.constant((first_table + x.member) << ID_BITS, tf.int64))
                       for (x, _), ids in zip(requests, flat)], 0)
     return keys, [tf.size(f) for f in flat]
+
+
+def widened(keys):
+    """Keys as the exchange's pairs: [n, 2] int64 of (table number << ID_BITS, row id)."""
+    return tf.stack([tf.bitwise.bitwise_and(keys, tf.constant(~ID_MASK, tf.int64)), row_id(keys)], 1)
+
+
+def pairs(table, lookups, keys):
+    """The exchange's pairs of raw keys: [n, 2] int64 of (table number << ID_BITS | how
+    often the key was looked up, the key)."""
+    tag = tf.bitwise.bitwise_or(tf.bitwise.left_shift(tf.cast(table, tf.int64), tf.constant(ID_BITS, tf.int64)),
+                                tf.cast(lookups, tf.int64))
+    return tf.stack([tag, tf.cast(keys, tf.int64)], 1)
+
+
+def raw_key_owner(keys, size):
+    """The rank (int32) holding each raw key of a dynamic vocabulary: its 64-bit
+    fingerprint mod `size`, so that ids of one residue class (skewed, or all even)
+    still spread over the ranks."""
+    bits = tf.bitcast(tf.fingerprint(tf.reshape(tf.cast(keys, tf.int64), [-1])), tf.int64)
+    return tf.cast(tf.math.floormod(bits, tf.constant(size, tf.int64)), tf.int32)
 
 
 def positions_of(requests, place, sizes):

@@ -120,7 +120,7 @@ def make_storage(layout, world, config, initializers=None):
                                 config.hot_refresh)
     if layout.kind == DynamicVocabularyTables.kind:
         return DynamicVocabularyTables(layout, [tf.keras.initializers.deserialize(initializers[m.name])
-                                                for m in layout.members], VocabularyOptions.from_config(config))
+                                                for m in layout.members], VocabularyOptions.from_config(config), world)
     kinds = [TablesInPlace.kind, RowShardedTables.kind, HybridHashTables.kind, HybridHashTables.sharded_kind,
              DynamicVocabularyTables.kind]
     raise ValueError(f"packed group {layout.name}: unknown storage kind {layout.kind!r}; the kinds are {kinds}")

@@ -11,7 +11,8 @@ group the pass
     which the exchange (picasso_tf.distributed.exchange) brings from their owners.
 Every other table stays whole on every rank (replicated): its gradient joins the dense
 Allreduce. The report names those tables and why. Hash-backed groups (hybrid_hash=True)
-are always sharded: kind "sharded_hybrid_hash".
+are always sharded: kind "sharded_hybrid_hash"; so are dynamic vocabularies, whose
+storage spreads their keys over the ranks itself (picasso_tf.embedding.dynamic_vocabulary).
 """
 import dataclasses
 
@@ -38,6 +39,7 @@ def distribute(program, graph, config):
     hashed = [t.name for t in program.tables or () if t.kind in ("hybrid_hash", "sharded_hybrid_hash")]
     program = dataclasses.replace(program, tables=[
         dataclasses.replace(t, kind="sharded_hybrid_hash") if t.name in hashed else t for t in program.tables or ()])
+    hashed += [t.name for t in program.tables or () if t.kind == "dynamic_vocabulary"]
     for layout in program.tables or ():
         if layout.name in hashed:
             continue

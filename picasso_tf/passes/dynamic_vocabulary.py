@@ -14,6 +14,20 @@ Between the hash and the lookup only casts, identities and reshapes may stand. T
 group's fused lookups then read the rows each step fetches (picasso_tf.passes.
 fetched_rows), and each site's fetch is keyed by a copy of that chain applied to the
 raw key.
+
+Under Horovod (picasso_tf.distributed) each rank holds the keys it owns, chosen by a
+fingerprint of the key mod the number of ranks, and the row exchange brings every
+batch's rows from their owners in the same AllToAllv as the other groups' (the ids
+travel as [table | lookups, key] pairs then, twice the bytes of the ids alone). The
+owner admits, evicts and applies the updates (SGD, Adagrad) as one process would for
+its keys: N ranks with 1/N of a batch each train like one process with the whole
+batch. vocabulary_capacity is per rank; with it set, each training step adds one
+small Allreduce in which the ranks agree whether any owner would exceed it, so that
+all of them refuse the step together, before any table changes. Checkpoints carry
+every rank's keys under the tables' names, gathered by save_weights (with
+tf.train.Checkpoint, call model.picasso.write_back() on every rank first), and restore
+into any number of ranks; model.picasso.vocabulary() gathers the whole vocabulary on
+every rank (a collective). Not built: admission_filter="bloom" under Horovod.
 """
 import dataclasses
 
@@ -36,10 +50,12 @@ POSITIONS_BOUND = 1 << 62
 
 
 def dynamic_vocabulary(program, graph, config):
-    if current_world().distributed:
+    world = current_world()
+    if world.distributed and config.admit_after > 1 and config.admission_filter == "bloom":
         raise UnsupportedModelError(
-            f"picasso_tf: dynamic_vocabulary={config.dynamic_vocabulary!r} under Horovod is not built yet (each "
-            "rank would need the owner of every raw id); train it on one process, or set dynamic_vocabulary=False")
+            f"picasso_tf: dynamic_vocabulary with admission_filter='bloom' under Horovod ({world.size} ranks) is not "
+            "built yet (each rank's counters count the keys it owns, and a checkpoint would hold one rank's); use "
+            "admission_filter='exact', or train on one process")
     check_hash_storage_options(config, "dynamic_vocabulary")
     if not config.pass_enabled("k_packing"):
         raise UnsupportedModelError(
