@@ -49,6 +49,7 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.training.saving.saveable_object import SaveSpec
 
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hybrid_hash import FetchPlan, apply_to_table, check_hash_optimizer, table_update
@@ -284,13 +285,18 @@ class DynamicVocabularyTables(EmbeddingStorage):
         export (and the exact admission counts); several ranks: write_back's, of every rank."""
         if not self.world.distributed:
             return self._local_state(member)
-        if self._gathered_at != int(self.updates.numpy()):
+        if self._gathered_at == int(self.updates.numpy()):
+            return self._gathered[member]
+
+        def refuse():
             raise RuntimeError(
                 f"picasso_tf: the dynamic vocabulary of {self.layout.members[member].name} is held by "
                 f"{self.world.size} ranks and saved from write_back, which gathers it and which every rank calls "
                 "together (save_weights does); call model.picasso.write_back() on every rank before writing a "
                 "checkpoint with tf.train.Checkpoint")
-        return self._gathered[member]
+        # A restore asks for the names and dtypes only: the refusal is for a save.
+        return {name: SaveSpec(refuse, "", name, dtype=tensor.dtype, device="/cpu:0")
+                for name, tensor in self._local_state(member).items()}
 
     def _local_state(self, member):
         state = self.tables[member].export()._asdict()

@@ -18,8 +18,9 @@ tables hold ("TABLE|held").
 after model.picasso.write_back() on every rank, written by rank 0); --restore reads one
 of them (--format) instead of training. --crowd trains 3 steps with vocabulary_capacity
 48, then a batch whose 64 distinct user ids rank 1 owns, and writes OUT_DIR/crowd.rankR.json:
-the error each rank got, whether the vocabulary stayed as it was, and the loss of one
-more step.
+the error each rank got, whether its tables stayed as they were, the loss of one more
+step, the refusal of admission_filter="bloom", and (rank 0) the error of a
+tf.train.Checkpoint written without write_back.
 """
 import argparse
 import json
@@ -31,6 +32,7 @@ import tensorflow as tf
 import picasso_tf
 from hybrid_training import GLOBAL_BATCH, OPTIMIZERS, STEPS, Losses, collectives, hvd, rank_share, world
 from picasso_tf.embedding.row_keys import raw_key_owner
+from picasso_tf.errors import UnsupportedModelError
 
 CAPACITY = 48
 
@@ -81,9 +83,9 @@ def make(run, **options):
     return model
 
 
-def held(model):
-    """{table name: the keys this rank's tables hold}."""
-    return {m.name: table.export().keys.numpy() for s in model.picasso.storages.values()
+def exported(model):
+    """{table name: what this rank's hash table of it holds (HashTable.export)}."""
+    return {m.name: table.export() for s in model.picasso.storages.values()
             if s.kind == "dynamic_vocabulary" for m, table in zip(s.layout.members, s.tables)}
 
 
@@ -91,8 +93,8 @@ def write_vocabulary(model, path):
     arrays = {}
     for name, (keys, rows) in model.picasso.vocabulary().items():
         arrays[f"{name}|keys"], arrays[f"{name}|rows"] = keys, rows
-    for name, keys in held(model).items():
-        arrays[f"{name}|held"] = keys
+    for name, table in exported(model).items():
+        arrays[f"{name}|held"] = table.keys.numpy()
     np.savez(path, **arrays)
 
 
@@ -140,18 +142,31 @@ def crowd(args, size, rank):
     x, y = shares[3]
     per = GLOBAL_BATCH // size
     crowded = dict(x, user=owned_by_one[rank * per:(rank + 1) * per, None])
-    before = model.picasso.vocabulary()
+    before = exported(model)
     error = None
     try:
         model.train_on_batch(crowded, y)
     except tf.errors.InvalidArgumentError as e:
         error = e.message
-    after = model.picasso.vocabulary()
-    unchanged = all(np.array_equal(a, b) for name in before for a, b in zip(before[name], after[name]))
-    loss = float(model.train_on_batch(x, y))
+    after = exported(model)
+    # Keys, rows, slots, lookup counts and last steps alike.
+    unchanged = all(np.array_equal(a.numpy(), b.numpy()) for name in before for a, b in zip(before[name], after[name]))
+    loss = float(model.train_on_batch(x, y, return_dict=True)["loss"])
+    try:
+        make("sgd-admit2", admission_filter="bloom")
+        bloom = None
+    except UnsupportedModelError as e:
+        bloom = str(e)
+    unsaved = None
+    if rank == 0:       # without model.picasso.write_back() on every rank first
+        try:
+            tf.train.Checkpoint(model=model).write(os.path.join(args.out, "unsaved"))
+        except RuntimeError as e:
+            unsaved = str(e)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"crowd.rank{rank}.json"), "w") as f:
-        json.dump({"error": error, "unchanged": unchanged, "loss_after": loss, "distinct": len(owned_by_one)}, f)
+        json.dump({"error": error, "unchanged": unchanged, "loss_after": loss, "distinct": len(owned_by_one),
+                   "unsaved": unsaved, "bloom": bloom}, f)
 
 
 def main():
