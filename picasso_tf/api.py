@@ -260,7 +260,8 @@ class PicassoModel(tf.keras.Model):
         check_ids = self.picasso.config.check_ids
         kinds = {t.name: t.kind for t in program.tables or ()}
         # Under Horovod a dynamic vocabulary's keys are spread over the ranks too.
-        exchanged = [storages[n] for n, k in kinds.items() if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)
+        exchanged = [storages[n] for n, k in kinds.items()
+                     if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)
                      or (world.distributed and k == DynamicVocabularyTables.kind)]
         hashed = [storages[n] for n, k in kinds.items() if k in HASHED_IN_PROCESS]
         fetch = {training: RowExchange(exchanged, world, check_ids, training, config.wire_dtype) if exchanged else

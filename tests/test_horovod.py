@@ -180,8 +180,8 @@ def test_hash_backed_shards_restore_into_one_process(trained, tmp_path):
     process restores it into hash storage, and trains on as from tables (up to the
     stitched projection's summation order over the fetched rows)."""
     for variant, hashed in (("tables", []), ("hash", ["--hybrid-hash"])):
-        check_ran(horovodrun_worker([tmp_path / variant, "--optimizers", "adagrad", "--restore", trained / "ckpt_hashed",
-                                *hashed], 1))
+        check_ran(horovodrun_worker([tmp_path / variant, "--optimizers", "adagrad", "--restore",
+                                     trained / "ckpt_hashed", *hashed], 1))
     for a, b in zip(_arrays(tmp_path / "tables" / "adagrad.npz"), _arrays(tmp_path / "hash" / "adagrad.npz")):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 

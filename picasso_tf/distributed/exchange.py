@@ -148,11 +148,12 @@ class RowExchange:
         """The rows of the keys other ranks asked this one for, laid out as they sent
         them, and the number of floats per rank."""
         size, groups = self.world.size, len(self.storages)
-        table = table_number(received[:, 0] if self.wide else received)
-        if self.wide:
+        tag = received[:, 0] if self.wide else received
+        table = table_number(tag)
+        if self.wide:       # as it is whenever a dynamic vocabulary is served
+            key, lookups = received[:, 1], row_id(tag)
             # A row id's pair has no lookups: its tag | id is the key it would travel as alone.
-            tag, key = received[:, 0], received[:, 1]
-            received, lookups = tf.bitwise.bitwise_or(tag, key), row_id(tag)
+            received = tf.bitwise.bitwise_or(tag, key)
         received_group = tf.gather(self.group_of_table, table)
         # Each group's keys in the order received (sender by sender).
         entries = tf.dynamic_partition(tf.range(tf.size(table)), received_group, groups)
