@@ -108,6 +108,8 @@ def test_a_batch_beyond_one_ranks_capacity_fails_on_every_rank_and_changes_nothi
         assert "distinct ids of user (table emb_user/embeddings) than vocabulary_capacity=48 keys on the rank " \
                "that owns them" in result["error"], result["error"][-600:]
         assert result["unchanged"] and np.isfinite(result["loss_after"])
+        # The capacity's check costs one small Allreduce of its own.
+        assert result["collectives"] == {"HorovodAlltoall": 3, "HorovodAllreduce": 1, "HorovodGroupedAllreduce": 1}
         assert "admission_filter='bloom' under Horovod (2 ranks) is not built yet" in result["bloom"]
     unsaved = json.load(open(tmp_path / "crowd.rank0.json"))["unsaved"]
     assert "call model.picasso.write_back() on every rank before writing a checkpoint" in unsaved

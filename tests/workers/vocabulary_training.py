@@ -19,7 +19,7 @@ after model.picasso.write_back() on every rank, written by rank 0); --restore re
 of them (--format) instead of training. --crowd trains 3 steps with vocabulary_capacity
 48, then a batch whose 64 distinct user ids rank 1 owns, and writes OUT_DIR/crowd.rankR.json:
 the error each rank got, whether its tables stayed as they were, the loss of one more
-step, the refusal of admission_filter="bloom", and (rank 0) the error of a
+step, the collectives of a step's graph, the refusal of admission_filter="bloom", and (rank 0) the error of a
 tf.train.Checkpoint written without write_back.
 """
 import argparse
@@ -152,6 +152,7 @@ def crowd(args, size, rank):
     # Keys, rows, slots, lookup counts and last steps alike.
     unchanged = all(np.array_equal(a.numpy(), b.numpy()) for name in before for a, b in zip(before[name], after[name]))
     loss = float(model.train_on_batch(x, y, return_dict=True)["loss"])
+    counts = collectives(model, tf.data.Dataset.from_tensors((x, y)))
     try:
         make("sgd-admit2", admission_filter="bloom")
         bloom = None
@@ -166,7 +167,7 @@ def crowd(args, size, rank):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"crowd.rank{rank}.json"), "w") as f:
         json.dump({"error": error, "unchanged": unchanged, "loss_after": loss, "distinct": len(owned_by_one),
-                   "unsaved": unsaved, "bloom": bloom}, f)
+                   "unsaved": unsaved, "bloom": bloom, "collectives": counts}, f)
 
 
 def main():
