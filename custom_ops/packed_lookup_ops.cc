@@ -920,8 +920,20 @@ Status PackedLookupShape(InferenceContext* c) {
       c->set_output(i, out);
       continue;
     }
+    const ShapeHandle given = c->input(ids_input);
+    if (!c->RankKnown(given)) {
+      c->set_output(i, c->UnknownShape());
+      continue;
+    }
+    if (c->Rank(given) >= 2) {  // pooled by row: ids.shape[:-1] + [D]
+      ShapeHandle rows_shape, out;
+      TF_RETURN_IF_ERROR(c->Subshape(given, 0, -1, &rows_shape));
+      TF_RETURN_IF_ERROR(c->Concatenate(rows_shape, c->Vector(c->Dim(table, 1)), &out));
+      c->set_output(i, out);
+      continue;
+    }
     ShapeHandle ids;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(ids_input), 1, &ids));
+    TF_RETURN_IF_ERROR(c->WithRank(given, 1, &ids));
     DimensionHandle rows;
     TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(num_tables + 3 * n + i, &rows));
     c->set_output(i, c->Matrix(rows, c->Dim(table, 1)));

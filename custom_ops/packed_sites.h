@@ -180,6 +180,9 @@ struct Site : SiteIds<Tid> {
   const int64_t* segments = nullptr;  // pooled sites: the output row of each id
   int64_t num_segments = 0;
   const T* weights = nullptr;  // null: every weight is 1
+  // A site that pools each row of its ids (see ReadSites) holds the segment ids made
+  // for it here: every copy of the site keeps them alive.
+  Tensor row_segments;
 
   int64_t out_rows() const { return pooled ? num_segments : this->n; }
 };
@@ -236,15 +239,35 @@ Status FirstBadSegment(const char* op, const PackedLayout& layout,
   return errors::Internal(op, ": a segment id was out of range, but a second look found none");
 }
 
-// Reads the per-site inputs of PicassoPackedLookup and its gradient, checking shapes.
-// A site's output: [num_segments, D] when pooled, else ids.shape + [D].
+// A site's output: ids.shape + [D] unpooled, [num_segments, D] pooled by segment ids,
+// and ids.shape[:-1] + [D] pooled by row (ids of rank 2 or more, see ReadSites).
 template <typename T, typename Tid>
 TensorShape OutputShape(const Site<T, Tid>& s, const Tensor& ids, int64_t d) {
-  if (s.pooled) return TensorShape({s.num_segments, d});
+  if (s.pooled && ids.dims() < 2) return TensorShape({s.num_segments, d});
   TensorShape shape = ids.shape();
+  if (s.pooled) shape.RemoveLastDims(1);
   shape.AddDim(d);
   return shape;
 }
+
+// Pooling by row: a pooled site given ids of rank 2 or more and no segment ids pools
+// each row of its ids (the last axis: a sequence feature's [B, L] ids pool into [B, D]),
+// as if its segment ids were j / L. Makes those segment ids; weights may then have the
+// ids' shape (or any shape of as many entries, such as [B, L, 1]).
+template <typename T, typename Tid>
+Status PoolByRow(OpKernelContext* ctx, const Tensor& ids, Site<T, Tid>* s) {
+  TensorShape rows_shape = ids.shape();
+  rows_shape.RemoveLastDims(1);
+  const int64_t length = ids.dim_size(ids.dims() - 1);
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({s->n}), &s->row_segments));
+  int64_t* segments = s->row_segments.template flat<int64_t>().data();
+  for (int64_t j = 0; j < s->n; ++j) segments[j] = j / length;  // n > 0 means length > 0
+  s->segments = segments;
+  s->num_segments = rows_shape.num_elements();
+  return OkStatus();
+}
+
+// Reads the per-site inputs of PicassoPackedLookup and its gradient, checking shapes.
 
 template <typename T, typename Tid>
 Status ReadSites(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
@@ -260,12 +283,15 @@ Status ReadSites(OpKernelContext* ctx, const char* op, const PackedLayout& layou
     Site<T, Tid>& s = (*sites)[i];
     const Combiner combiner = layout.combiners[i];
     const char* combiner_name = kCombinerNames[static_cast<int>(combiner)];
-    // Unpooled ids may have any shape (the output is ids.shape + [D]); pooled ids are flat.
-    if ((combiner != Combiner::kNone && !TensorShapeUtils::IsVector(ids[i].shape())) ||
+    // Unpooled ids may have any shape (the output is ids.shape + [D]); pooled ids are flat
+    // but for pooling by row.
+    const bool by_row = combiner != Combiner::kNone && ids[i].dims() >= 2 &&
+                        segments[i].NumElements() == 0;
+    if ((combiner != Combiner::kNone && !by_row && !TensorShapeUtils::IsVector(ids[i].shape())) ||
         !TensorShapeUtils::IsVector(segments[i].shape()) ||
-        !TensorShapeUtils::IsVector(weights[i].shape())) {
+        (!by_row && !TensorShapeUtils::IsVector(weights[i].shape()))) {
       return errors::InvalidArgument(
-          op, ": ids (when pooled), segment_ids and weights of ", layout.Feature(i),
+          op, ": ids (when pooled by segment ids), segment_ids and weights of ", layout.Feature(i),
           " must be vectors; got shapes ", ids[i].shape().DebugString(), ", ",
           segments[i].shape().DebugString(), " and ", weights[i].shape().DebugString());
     }
@@ -275,7 +301,9 @@ Status ReadSites(OpKernelContext* ctx, const char* op, const PackedLayout& layou
     s.vocab = layout.vocab_sizes[i];
     s.combiner = combiner;
     s.pooled = combiner != Combiner::kNone;
-    if (s.pooled) {
+    if (by_row) {
+      TF_RETURN_IF_ERROR(PoolByRow(ctx, ids[i], &s));
+    } else if (s.pooled) {
       if (segments[i].NumElements() != s.n) {
         return errors::InvalidArgument(
             op, ": ", layout.Feature(i), " has combiner '", combiner_name, "' and ", s.n,

@@ -33,6 +33,10 @@ class Config:
       is always used. The default, 0.75, sits below the break-even measured on the
       benchmark's W&D (`benchmarks/projection_breakeven.txt`: 25% distinct 1.89x
       faster, 54% 1.28x, 79% 1.00x, 90% 0.92x).
+    sequence_pooling: where the model only sums or averages a sequence feature's looked-up
+      rows over the sequence (optionally weighted by a mask or any per-position weight),
+      have the fused lookup pool them, so that the [B, L, D] rows and the reduction's
+      gradient are never built (equal up to summation order).
     interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
       features with themselves, transposed, gathered at constant positions) by one
       kernel computing only the gathered dot products, and its gradient without the
@@ -172,6 +176,7 @@ class Config:
     stitching: bool = True
     projection: bool = True
     projection_max_distinct: float = 0.75
+    sequence_pooling: bool = True
     interactions: bool = True
     dense_packing: bool = True
     shard_heavy_groups: bool = True

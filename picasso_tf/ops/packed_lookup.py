@@ -55,18 +55,20 @@ def packed_lookup(tables, ids_list, segment_ids_list=None, weights_list=None,
       tables: a list of table values ``[R_t, D]`` of one float dtype (or one table),
         e.g. ``var.read_value()``; gradients flow to the variables.
       ids_list: per site an int32/int64 tensor of ids (mixed dtypes are cast to int64):
-        1-D for pooled combiners, any shape for "none".
+        any shape for "none"; for pooled combiners 1-D with segment ids, or of rank 2
+        or more without, to pool each row (the last axis: [B, L] ids give [B, D]).
       segment_ids_list: per site, for pooled combiners, the 1-D output row of each id
-        (unsorted allowed; ``None`` or an empty tensor for combiner "none"). If the
-        whole list is None, no site may pool.
-      weights_list: per site a 1-D weight per id, or None (all weights 1).
+        (unsorted allowed; ``None`` or an empty tensor for combiner "none" and for
+        pooling by row).
+      weights_list: per site a weight per id (1-D; pooling by row: any shape of as many
+        entries, such as the ids' shape + [1]), or None (all weights 1).
       num_segments_list: per pooled site the number of output rows (scalar); None
         means ``max(segment_ids) + 1``. Ignored for combiner "none".
       offsets, vocab_sizes: per site, where its rows lie in the table.
       combiners: per site "none" (output ``ids.shape + [D]``, row j = w_j * row of id j) or
-        "sum" / "mean" / "sqrtn" (output ``[num_segments, D]``, as
-        ``tf.nn.embedding_lookup_sparse``: empty segments give zero rows, and a zero
-        weight sum gives a zero row).
+        "sum" / "mean" / "sqrtn" (output ``[num_segments, D]``, or ``ids.shape[:-1] + [D]``
+        pooling by row, as ``tf.nn.embedding_lookup_sparse``: empty segments give zero
+        rows, and a zero weight sum gives a zero row).
       feature_names: per site, for error messages.
       table_index: per site, which of ``tables`` it reads (default: all the first).
     """
@@ -105,16 +107,18 @@ def site_inputs(dtype, ids_list, segment_ids_list, weights_list, num_segments_li
     for i in range(n):
         pooled = combiners[i] != "none"
         seg = segment_ids_list[i]
-        if pooled and seg is None:
+        by_row = pooled and seg is None and (ids[i].shape.rank or 0) >= 2
+        if pooled and seg is None and not by_row:
             raise ValueError(f"{op_name}: feature '{feature_names[i]}' has combiner "
-                             f"'{combiners[i]}' but no segment ids")
+                             f"'{combiners[i]}' but no segment ids, and its ids are not of rank 2 or "
+                             "more (to pool each row); give segment ids")
         seg = tf.zeros([0], tf.int64) if seg is None else tf.cast(seg, tf.int64)
         segment_ids.append(seg)
         w = weights_list[i]
         weights.append(tf.zeros([0], dtype) if w is None else tf.convert_to_tensor(w, dtype=dtype))
         count = num_segments_list[i]
         if count is None:
-            count = tf.maximum(tf.reduce_max(seg), -1) + 1 if pooled else 0
+            count = tf.maximum(tf.reduce_max(seg), -1) + 1 if pooled and not by_row else 0
         num_segments.append(tf.cast(count, tf.int64))
     return ids, segment_ids, weights, num_segments
 
@@ -224,6 +228,16 @@ def grads_dim(grads, table_index, t, table):
 def weight_gradient(table, grad, output, ids, segment_ids, weights, num_segments, offset,
                     combiner):
     """d loss / d weights of one site (stock TF ops; runs only when it is needed)."""
+    if combiner != "none" and segment_ids.shape.rank == 1 and segment_ids.shape[0] == 0:
+        # Pooled by row: the same as pooling the flat ids by segment ids j // L.
+        length = tf.cast(tf.shape(ids)[-1], tf.int64)
+        flat_ids = tf.reshape(ids, [-1])
+        segments = tf.range(tf.size(flat_ids, out_type=tf.int64)) // tf.maximum(length, 1)
+        flat = weight_gradient(table, tf.reshape(grad, [-1, tf.shape(grad)[-1]]),
+                               tf.reshape(output, [-1, tf.shape(output)[-1]]), flat_ids, segments,
+                               tf.reshape(weights, [-1]), tf.size(flat_ids, out_type=tf.int64) //
+                               tf.maximum(length, 1), offset, combiner)
+        return tf.reshape(flat, tf.shape(weights))
     rows = tf.gather(table, tf.cast(ids, tf.int64) + offset)
     if combiner == "none":
         return tf.reduce_sum(grad * rows, axis=1)

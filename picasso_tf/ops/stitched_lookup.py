@@ -70,7 +70,8 @@ def _stitched_lookup_gradient(op, grad):
         empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
         weight_grads.append(None if empty or (g + 2 * n + i) in skip else weight_gradient(
             tables[table_index[i]], site_columns(grad, i), site_columns(op.outputs[0], i),
-            tf.reshape(ids[i], [-1]), segment_ids[i], weights[i], num_segments[i],
+            ids[i] if attrs["combiners"][i] != "none" else tf.reshape(ids[i], [-1]), segment_ids[i],
+            weights[i], num_segments[i],
             attrs["offsets"][i], attrs["combiners"][i]))
 
     wanted = [t for t in range(g) if t not in skip and t in table_index]

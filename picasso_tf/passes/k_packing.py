@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
+from picasso_tf.passes.sequence_pooling import pool_sequences
 from picasso_tf.passes.stitching import find_stitches
 from picasso_tf.program import LookupRecord, StorageRef, TableLayout, TableMember
 
@@ -34,15 +35,27 @@ def k_packing(program, graph, config):
     captured, analysis = program.graphs[graph], program.analyses[graph]
     if not analysis.sites:
         return program, {"fused_lookups": 0, "sites": 0}
+    feature_names = site_feature_names(captured, analysis)
+    scratch = tf.Graph()
+    edits = _Edits()
+    with scratch.as_default():
+        # Stitching and sequence pooling need the static shapes of the lookups and of what reads them.
+        stand_ins, stand_in_nodes = captured.import_typed()
+    edits.replacements.update(stand_ins)
+    edits.removed |= stand_in_nodes
+    sites = analysis.sites
+    if config.sequence_pooling:
+        sites, shape_stand_ins = pool_sequences(scratch, sites)
+        edits.replacements.update(shape_stand_ins)
+        feature_names.update({new.output: feature_names[old.output] for old, new in zip(analysis.sites, sites)})
     if program.tables is None:          # D-packing off: fuse each table's lookups on its own
         program = dataclasses.replace(program, tables=[
             TableLayout(f"table_{i}", s.dim, s.dtype, [TableMember(analysis.tables[s.table], s.vocab_size, 1.0)],
                         densely_read=analysis.densely_read(analysis.tables[s.table]))
             for i, s in enumerate(_one_site_per_table(analysis))])
     sites_by_table = collections.defaultdict(list)
-    for site in analysis.sites:
+    for site in sites:
         sites_by_table[analysis.tables[site.table].ref()].append(site)
-    feature_names = site_feature_names(captured, analysis)
 
     members_of = {}
     for group in program.tables:
@@ -50,14 +63,8 @@ def k_packing(program, graph, config):
         if members:
             members_of[group.name] = members
 
-    scratch = tf.Graph()
-    edits = _Edits()
     with scratch.as_default():
-        # Stitching needs the static shapes of the lookups and of what reads them.
-        stand_ins, stand_in_nodes = captured.import_typed()
-        edits.replacements.update(stand_ins)
-        edits.removed |= stand_in_nodes
-        stitches = find_stitches(scratch, analysis.sites) if config.stitching else []
+        stitches = find_stitches(scratch, sites) if config.stitching else []
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
         values, member_of, fused = {}, {}, []
         for group in program.tables:
@@ -77,7 +84,8 @@ def k_packing(program, graph, config):
     program = dataclasses.replace(program, graphs={**program.graphs, graph: rewritten},
                                   lookups={**program.lookups, graph: edits.records})
     return program, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
-                     "stitched": stitched}
+                     "stitched": stitched,
+                     "sequences_pooled": [feature_names[s.output] for s in sites if s.pattern == "sequence"]}
 
 
 @dataclasses.dataclass
@@ -193,7 +201,8 @@ def _site_args(graph, members, dtype, feature_names):
         args["segment_ids_list"].append(
             tf.cast(t(site.segment_ids), tf.int64) if site.segment_ids else no_segments)
         args["weights_list"].append(tf.cast(t(site.weights), dtype) if site.weights else no_weights)
-        args["num_segments_list"].append(_num_segments(t, site) if site.combiner != "none" else no_count)
+        # Sites pooled by row (sequence pooling) have no segment ids and count their rows.
+        args["num_segments_list"].append(_num_segments(t, site) if site.segment_ids else no_count)
         args["offsets"].append(0)
         args["vocab_sizes"].append(member.rows)
         args["combiners"].append(site.combiner)

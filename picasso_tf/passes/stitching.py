@@ -100,6 +100,13 @@ def find_stitches(graph, sites):
         for part in stitch.parts:
             if part.site and sorted(c.name for c in graph.get_tensor_by_name(part.tensor).consumers()) != nodes:
                 part.site, part.chain = None, []
+    # The projection kernels take no per-id weights: where a concatenation could be a
+    # projection but for weighted sites (weighted or masked poolings), those are copied in.
+    for stitch in stitches:
+        weighted = [p for p in stitch.parts if p.site is not None and p.site.weights]
+        if weighted and len(weighted) < len(stitch.sites) and _projection_of(graph, stitch, weights=True):
+            for part in weighted:
+                part.site, part.chain = None, []
     # A table's sites must all go to one lookup op (one stitch, or the group's own
     # lookup): then its gradient comes from one op, each row once, summed in the order
     # of the model's own gradient. Sites of tables split otherwise are copied in.
@@ -120,11 +127,11 @@ def find_stitches(graph, sites):
     return stitches
 
 
-def _projection_of(graph, stitch):
+def _projection_of(graph, stitch, weights=False):
     """The stitch's MatMul, if its one concatenation feeds nothing else and no site has
-    per-id weights (the projection kernels take none)."""
-    if len(stitch.outputs) != 1 or stitch.outputs[0].shape[1:] != [stitch.width] or any(
-            site.weights for site in stitch.sites):
+    per-id weights (the projection kernels take none; `weights`: whatever the sites')."""
+    if len(stitch.outputs) != 1 or stitch.outputs[0].shape[1:] != [stitch.width] or (
+            not weights and any(site.weights for site in stitch.sites)):
         return None
     tensor = graph.get_tensor_by_name(stitch.outputs[0].tensor)
     consumers = tensor.consumers()

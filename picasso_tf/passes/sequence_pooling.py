@@ -1,0 +1,170 @@
+"""Sequence pooling folded into the lookup. A sequence feature's lookup (ids [B, L],
+rows [B, L, D]) that the model only reduces over the sequence becomes a lookup pooled
+by row (picasso_tf.ops.packed_lookup), which writes [B, D] straight away: the
+[B, L, D] rows, their product with a mask, the reduction and all their gradients are
+never built.
+
+Patterns, on a tf.Graph with static shapes (e: the site's output, ids of rank r >= 2,
+every reduction over axis r - 1 without keep_dims, each tensor used only by the next):
+
+  Sum(e)                              combiner sum
+  Mean(e)                             combiner mean
+  Sum(Mul(e, w))                      combiner sum, weights w (shaped ids.shape + [1])
+  DivNoNan(Sum(Mul(e, w)), Sum(w))    combiner mean, weights w
+
+The last is a masked average written with divide_no_nan (an all-padding row gives
+zeros, as the kernel's mean does). An average divided otherwise (Keras'
+GlobalAveragePooling1D divides by the mask's sum as it is) keeps its division and
+folds only the weighted sum. Weights may depend on trainable variables: the lookup's
+gradient gives theirs.
+"""
+import dataclasses
+
+import tensorflow as tf
+
+from picasso_tf.graph.graph_def_util import canonical
+
+REDUCTIONS = {"Sum": "sum", "Mean": "mean"}
+
+
+def pool_sequences(graph, sites):
+    """(sites, replacements): the sites of a tf.Graph holding the captured graph, each
+    unpooled lookup whose output the graph only reduces over its sequence replaced by
+    the pooled site; and {tensor: tensor standing for it} for what read only the shape
+    of a pooled lookup's rows (Keras' masked pooling layers do)."""
+    pooled, replacements = [], {}
+    for site in sites:
+        match = _match(graph, site)
+        pooled.append(_pool(graph, site, match, replacements) if match else site)
+    return pooled, replacements
+
+
+@dataclasses.dataclass
+class _Match:
+    combiner: str
+    output: object                  # the tensor the pooled lookup stands for
+    chain: list                     # nodes it replaces, beyond the lookup's own
+    weights: object = None          # the Mul's weights, [B, L, 1] (or broadcast to it)
+    shape_readers: list = dataclasses.field(default_factory=list)  # Shape ops of the rows
+
+
+def _match(graph, site):
+    if site.combiner != "none":
+        return None
+    ids = graph.get_tensor_by_name(site.ids)
+    rows = graph.get_tensor_by_name(site.output)
+    rank = ids.shape.rank
+    if rank is None or rank < 2 or rows.shape.rank != rank + 1:
+        return None
+    chain, shape_readers = [], []
+    node = _value_reader(rows, chain, shape_readers)
+    weights = None
+    if node is not None and node.type == "Mul":
+        weights = _weights_of(node, rows, ids)
+        if weights is None:
+            return None
+        chain.append(node.name)
+        node = _only_consumer(node.outputs[0], chain)
+    if node is None or node.type not in (("Sum",) if weights is not None else REDUCTIONS) or \
+            not _reduces_axis(node, rank - 1):
+        return None
+    chain.append(node.name)
+    match = _Match(REDUCTIONS[node.type], node.outputs[0], chain, weights, shape_readers)
+    between = []
+    division = _only_consumer(match.output, between)
+    if (weights is not None and division is not None and _is_mean_division(division, weights, rank) and
+            division.inputs[0].op.name in [match.output.op.name] + between):
+        match.chain += between + [division.name]
+        match.combiner, match.output = "mean", division.outputs[0]
+    return match
+
+
+def _pool(graph, site, match, replacements):
+    """The pooled site of a match; adds the graph's stand-ins for what it replaces."""
+    ids = graph.get_tensor_by_name(site.ids)
+    weights = match.weights
+    with graph.as_default(), tf.name_scope("picasso/sequence_pooling/"):
+        if weights is not None and weights.shape[1:-1] != ids.shape[1:]:
+            # Not provably one weight per id past the batch: broadcast as the Mul would.
+            weights = tf.broadcast_to(weights, tf.concat([tf.shape(ids), [1]], 0))
+        for shape in match.shape_readers:
+            out_type = shape.get_attr("out_type")
+            rows_shape = tf.concat([tf.shape(ids, out_type=out_type), tf.constant([site.dim], out_type)], 0)
+            replacements[canonical(shape.outputs[0].name)] = canonical(rows_shape.name)
+    return dataclasses.replace(
+        site, pattern="sequence", combiner=match.combiner, output=canonical(match.output.name),
+        weights=canonical(weights.name) if weights is not None else None,
+        chain=site.chain + [s.name for s in match.shape_readers] + match.chain)
+
+
+def _value_reader(rows, chain, shape_readers):
+    """The one op reading the values of a lookup's rows, or None. Shape ops (which the
+    pooled lookup's ids stand in for) go to shape_readers, ops whose outputs nothing
+    reads to chain."""
+    readers = []
+    for node in rows.consumers():
+        if node._control_outputs:
+            return None
+        if node.type == "Shape":
+            shape_readers.append(node)
+        elif not any(out.consumers() for out in node.outputs):
+            chain.append(node.name)
+        else:
+            readers.append(node)
+    if len(readers) != 1:
+        return None
+    if readers[0].type == "Identity":
+        chain.append(readers[0].name)
+        return _only_consumer(readers[0].outputs[0], chain)
+    return readers[0]
+
+
+def _only_consumer(tensor, chain):
+    """The one op reading `tensor`, past Identity ops (appended to chain), or None."""
+    while True:
+        consumers = tensor.consumers()
+        if len(consumers) != 1 or consumers[0]._control_outputs:
+            return None
+        node = consumers[0]
+        if node.type != "Identity":
+            return node
+        chain.append(node.name)
+        tensor = node.outputs[0]
+
+
+def _weights_of(mul, rows, ids):
+    """The Mul's other input if it can be a weight per id: shaped [B, L, 1] (or a shape
+    that broadcasts to it, a length-1 axis or one not static)."""
+    names = [x.name for x in mul.inputs]
+    if names.count(rows.name) != 1:
+        return None
+    weights = mul.inputs[1 - names.index(rows.name)]
+    shape, ids_shape = weights.shape, ids.shape.as_list()
+    if weights.dtype != rows.dtype or shape.rank != len(ids_shape) + 1 or shape[-1] != 1:
+        return None
+    if any(a not in (None, 1, b) for a, b in zip(shape.as_list()[:-1], ids_shape) if b is not None):
+        return None
+    return weights
+
+
+def _reduces_axis(node, axis):
+    """Whether a Sum/Mean reduces exactly `axis` of its input, without keep_dims."""
+    if node.get_attr("keep_dims"):
+        return False
+    indices = node.inputs[1]
+    if indices.op.type != "Const":
+        return False
+    axes = tf.make_ndarray(indices.op.get_attr("value")).reshape(-1).tolist()
+    rank = node.inputs[0].shape.rank
+    return len(axes) == 1 and axes[0] % rank == axis
+
+
+def _is_mean_division(node, weights, rank):
+    """DivNoNan(., Sum(weights over the sequence)): a masked average."""
+    if node.type != "DivNoNan":
+        return False
+    denominator = node.inputs[1].op
+    while denominator.type == "Identity":
+        denominator = denominator.inputs[0].op
+    return (denominator.type == "Sum" and denominator.inputs[0].name == weights.name and
+            _reduces_axis(denominator, rank - 1))
