@@ -171,7 +171,9 @@ def test_micro_batches_from_the_mlp_share_pooled_embeddings():
     gathered gradient: at batch 1024 MMoE's step peaked at 3.6x the whole batch's.)"""
     steps = {}
     for k, start in ((1, "embedding"), (3, "mlp")):
-        model = picasso.optimize(build_sequence(), micro_batches=k, interleave_from=start, stitching=False)
+        # sequence_pooling=False: else the lookups pool the sequences, and no unpooled rows exist.
+        model = picasso.optimize(build_sequence(), micro_batches=k, interleave_from=start, stitching=False,
+                                 sequence_pooling=False)
         model.compile(optimizer="adagrad", loss="binary_crossentropy")
         steps[k] = model
     whole = _unpooled_tensors(steps[1])

@@ -417,3 +417,43 @@ def test_unpooled_ids_of_any_shape_give_ids_shape_plus_dim():
         ref_loss = tf.reduce_sum(ref * ref) + tf.reduce_sum(tf.gather(table, flat + 10))
     np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
                                tf.convert_to_tensor(tape.gradient(ref_loss, table)).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pooling_by_row_matches_the_masked_reduction_it_replaces(combiner, weighted):
+    """ids [B, L] pooled without segment ids: each row of ids pools into one output row,
+    weighted by a [B, L, 1] tensor, with the gradients of the table and of the weights."""
+    rng = np.random.default_rng(6)
+    table = tf.Variable(rng.standard_normal((30, 4)).astype(np.float32))
+    seq = rng.integers(0, 30, (7, 5))
+    w_value = (rng.random((7, 5, 1)) < 0.6).astype(np.float32) * rng.uniform(0.5, 2, (7, 5, 1)).astype(np.float32)
+    w_value[2] = 0.0          # a row with no weight: the mean gives zeros, like divide_no_nan
+    weights = tf.Variable(w_value) if weighted else None
+    upstream = rng.standard_normal((7, 4)).astype(np.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        [out] = packed_lookup(table.read_value(), [seq], weights_list=[weights], offsets=[0], vocab_sizes=[30],
+                              combiners=[combiner], feature_names=["seq"])
+        loss = tf.reduce_sum(out * upstream)
+        rows = tf.gather(table, seq)
+        w = weights if weighted else tf.ones((7, 5, 1))
+        ref = tf.reduce_sum(rows * w, 1)
+        if combiner == "mean":
+            ref = tf.math.divide_no_nan(ref, tf.reduce_sum(w, 1))
+        ref_loss = tf.reduce_sum(ref * upstream)
+    assert out.shape == (7, 4)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tf.convert_to_tensor(tape.gradient(loss, table)).numpy(),
+                               tf.convert_to_tensor(tape.gradient(ref_loss, table)).numpy(), rtol=1e-5, atol=1e-6)
+    if weighted:
+        np.testing.assert_allclose(tape.gradient(loss, weights).numpy(), tape.gradient(ref_loss, weights).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_pooling_by_row_of_empty_sequences_and_bad_weights():
+    table = tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4))
+    kwargs = dict(offsets=[0], vocab_sizes=[3], combiners=["mean"], feature_names=["seq"])
+    [out] = packed_lookup(table, [tf.zeros((4, 0), tf.int64)], **kwargs)
+    np.testing.assert_array_equal(out.numpy(), np.zeros((4, 4)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="weights of feature 'seq'"):
+        packed_lookup(table, [tf.zeros((4, 2), tf.int64)], weights_list=[tf.ones((4, 1, 1))], **kwargs)
