@@ -921,11 +921,7 @@ Status PackedLookupShape(InferenceContext* c) {
       continue;
     }
     const ShapeHandle given = c->input(ids_input);
-    if (!c->RankKnown(given)) {
-      c->set_output(i, c->UnknownShape());
-      continue;
-    }
-    if (c->Rank(given) >= 2) {  // pooled by row: ids.shape[:-1] + [D]
+    if (c->RankKnown(given) && c->Rank(given) >= 2) {  // pooled by row: ids.shape[:-1] + [D]
       ShapeHandle rows_shape, out;
       TF_RETURN_IF_ERROR(c->Subshape(given, 0, -1, &rows_shape));
       TF_RETURN_IF_ERROR(c->Concatenate(rows_shape, c->Vector(c->Dim(table, 1)), &out));

@@ -252,8 +252,8 @@ TensorShape OutputShape(const Site<T, Tid>& s, const Tensor& ids, int64_t d) {
 
 // Pooling by row: a pooled site given ids of rank 2 or more and no segment ids pools
 // each row of its ids (the last axis: a sequence feature's [B, L] ids pool into [B, D]),
-// as if its segment ids were j / L. Makes those segment ids; weights may then have the
-// ids' shape (or any shape of as many entries, such as [B, L, 1]).
+// as if its segment ids were j / L. Makes those segment ids; weights then have the
+// ids' shape, or it and [1] (a [B, L, 1] mask).
 template <typename T, typename Tid>
 Status PoolByRow(OpKernelContext* ctx, const Tensor& ids, Site<T, Tid>* s) {
   TensorShape rows_shape = ids.shape();
@@ -322,6 +322,17 @@ Status ReadSites(OpKernelContext* ctx, const char* op, const PackedLayout& layou
       return errors::InvalidArgument(
           op, ": ", layout.Feature(i), " has combiner 'none' (no pooling), so its "
           "segment_ids must be empty; got ", segments[i].NumElements(), " entries");
+    }
+    if (by_row && weights[i].NumElements() != 0 && weights[i].shape() != ids[i].shape()) {
+      TensorShape with_one = ids[i].shape();
+      with_one.AddDim(1);
+      if (weights[i].shape() != with_one) {
+        return errors::InvalidArgument(
+            op, ": weights of ", layout.Feature(i), " pool its ids ", ids[i].shape().DebugString(),
+            " by row, so they need the ids' shape (or it and [1]); got ",
+            weights[i].shape().DebugString(), ". The model multiplies the feature's looked-up rows "
+            "by weights of another shape; train it with sequence_pooling=False");
+      }
     }
     if (weights[i].NumElements() != 0 && weights[i].NumElements() != s.n) {
       return errors::InvalidArgument(op, ": weights of ", layout.Feature(i),

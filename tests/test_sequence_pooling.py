@@ -11,16 +11,35 @@ from models.blocks import MaskedPooling
 LENGTH, VOCAB, DIM = 6, 50, 4
 
 
-def _pool(kind, seq, ids):
+class PositionWeights(tf.keras.layers.Layer):
+    """A trained weight per position, [1, L, 1]: broadcast over the batch."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight("w", (1, LENGTH, 1), initializer="ones")
+
+    def call(self, seq):
+        return tf.reduce_sum(seq * self.w, 1)
+
+
+def _pool(kind, seq, ids, item_emb):
     """The sequence's pooled [B, DIM] (or what the model makes of it), as models write it."""
     if kind == "zoo_masked_mean":           # the zoo's MaskedPooling: divide_no_nan by the mask's sum
         return MaskedPooling("mean")([seq, ids])
     if kind == "keras_global_average":      # Keras' own layer on Embedding(mask_zero=True)'s mask
         return tf.keras.layers.GlobalAveragePooling1D()(seq)
-    if kind == "sum":
+    if kind in ("sum", "sum_of_unknown_length"):
         return tf.reduce_sum(seq, 1)
-    if kind == "mean":
+    if kind in ("mean", "mean_of_unknown_length"):   # unknown length: TF's mean of nothing is NaN, left alone
         return tf.reduce_mean(seq, axis=-2)
+    if kind == "positional_weights":
+        return PositionWeights()(seq)
+    if kind == "weight_per_example_mean":   # one weight per example: its sum over L is not L weights'
+        weight = tf.expand_dims(tf.keras.layers.Dense(1, activation="sigmoid")(
+            tf.cast(ids[:, :1], tf.float32) / VOCAB), 1)
+        return tf.math.divide_no_nan(tf.reduce_sum(seq * weight, 1), tf.reduce_sum(weight, 1))
+    if kind == "weights_from_a_lookup":     # attention-like scores from the item's embedding: left alone
+        weight = tf.expand_dims(tf.keras.layers.Dense(LENGTH, activation="sigmoid")(item_emb), -1)
+        return tf.reduce_sum(seq * weight, 1)
     mask = tf.expand_dims(tf.cast(tf.not_equal(ids, 0), tf.float32), -1)
     if kind == "mean_of_at_least_one":      # the zoo's MMoE: the division stays
         return tf.reduce_sum(seq * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
@@ -38,11 +57,11 @@ def _pool(kind, seq, ids):
 
 
 def _model(kind):
-    ids = tf.keras.Input((LENGTH,), dtype=tf.int64, name="history")
+    ids = tf.keras.Input((None if kind.endswith("unknown_length") else LENGTH,), dtype=tf.int64, name="history")
     item = tf.keras.Input((1,), dtype=tf.int64, name="item")
     seq = tf.keras.layers.Embedding(VOCAB, DIM, mask_zero=kind == "keras_global_average", name="history_emb")(ids)
     item_emb = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(VOCAB, DIM, name="item_emb")(item))
-    x = tf.keras.layers.Concatenate()([_pool(kind, seq, ids), item_emb])
+    x = tf.keras.layers.Concatenate()([_pool(kind, seq, ids, item_emb), item_emb])
     hidden = tf.keras.layers.Dense(8, activation="relu")(x)
     return tf.keras.Model([ids, item], tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
 
@@ -67,8 +86,10 @@ def _pooled(model):
     return k_packing["sequences_pooled"]
 
 
-POOLED = ["zoo_masked_mean", "keras_global_average", "sum", "mean", "mean_of_at_least_one", "trained_weights"]
-NOT_POOLED = ["over_the_dimension", "keep_dims", "rows_read_twice"]
+POOLED = ["zoo_masked_mean", "keras_global_average", "sum", "mean", "mean_of_at_least_one", "trained_weights",
+          "positional_weights", "weight_per_example_mean", "sum_of_unknown_length"]
+NOT_POOLED = ["over_the_dimension", "keep_dims", "rows_read_twice", "mean_of_unknown_length",
+              "weights_from_a_lookup"]
 
 
 @pytest.mark.parametrize("kind,optimizer", [(k, "adagrad") for k in POOLED + NOT_POOLED] + [
@@ -84,7 +105,8 @@ def test_trains_as_keras_and_pools_only_sequence_reductions(kind, optimizer):
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5, atol=1e-6)
     for got, want, start in zip(weights, expected_weights, initial):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        assert not np.array_equal(got, start)     # every weight trained (the Dense giving weights too)
+        # The same variables train (a Dense giving weights too), and the others stay.
+        assert np.array_equal(got, start) == np.array_equal(want, start)
 
 
 def test_switched_off_and_masked_sequence_keeps_its_projection():
@@ -96,3 +118,31 @@ def test_switched_off_and_masked_sequence_keeps_its_projection():
     # concatenation, whose product with the Dense is still computed from the rows.
     [stitch] = k_packing["stitched"]
     assert stitch["projection"] and stitch["copied_inputs"] == 1
+
+
+def test_rows_the_model_also_returns_are_left_alone():
+    ids = tf.keras.Input((LENGTH,), dtype=tf.int64, name="history")
+    seq = tf.keras.layers.Embedding(VOCAB, DIM, name="history_emb")(ids)
+    model = tf.keras.Model(ids, [tf.keras.layers.Dense(1)(tf.reduce_sum(seq, 1)), tf.keras.layers.Activation(None)(seq)])
+    optimized = picasso_tf.optimize(model)
+    assert _pooled(optimized) == []
+    history = _data()[0][0]
+    for got, want in zip(optimized.predict(history, verbose=0), model.predict(history, verbose=0)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_weights_of_another_shape_at_run_time_are_an_error_naming_the_feature():
+    """Weights whose shape is not static: broadcast as the Mul would where it can be,
+    and an error naming the feature where the Mul would broadcast the rows instead."""
+    ids = tf.keras.Input((None,), dtype=tf.int64, name="history")
+    weights = tf.keras.Input((None, 1), name="weights")
+    seq = tf.keras.layers.Embedding(VOCAB, DIM, name="history_emb")(ids)
+    model = tf.keras.Model([ids, weights], tf.reduce_sum(seq * weights, 1))
+    optimized = picasso_tf.optimize(model)
+    assert _pooled(optimized) == ["history"]
+    history = np.arange(1, 25).reshape(4, 6)
+    per_example = np.linspace(0.5, 2, 4, dtype=np.float32).reshape(4, 1, 1)
+    np.testing.assert_allclose(optimized([history, per_example]), model([history, per_example]), rtol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        # [3, 1] ids times [1, 3, 1] weights: Keras' product broadcasts the rows to [3, 3, D].
+        optimized([history[:3, :1], np.ones((1, 3, 1), np.float32)])

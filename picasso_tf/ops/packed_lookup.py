@@ -60,8 +60,8 @@ def packed_lookup(tables, ids_list, segment_ids_list=None, weights_list=None,
       segment_ids_list: per site, for pooled combiners, the 1-D output row of each id
         (unsorted allowed; ``None`` or an empty tensor for combiner "none" and for
         pooling by row).
-      weights_list: per site a weight per id (1-D; pooling by row: any shape of as many
-        entries, such as the ids' shape + [1]), or None (all weights 1).
+      weights_list: per site a weight per id (1-D; pooling by row: the ids' shape, or it
+        and [1]), or None (all weights 1).
       num_segments_list: per pooled site the number of output rows (scalar); None
         means ``max(segment_ids) + 1``. Ignored for combiner "none".
       offsets, vocab_sizes: per site, where its rows lie in the table.

@@ -45,7 +45,9 @@ def k_packing(program, graph, config):
     edits.removed |= stand_in_nodes
     sites = analysis.sites
     if config.sequence_pooling:
-        sites, shape_stand_ins = pool_sequences(scratch, sites)
+        kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
+            [captured.regularization_loss] if captured.regularization_loss else [])
+        sites, shape_stand_ins = pool_sequences(scratch, sites, [canonical(t) for t in kept])
         edits.replacements.update(shape_stand_ins)
         feature_names.update({new.output: feature_names[old.output] for old, new in zip(analysis.sites, sites)})
     if program.tables is None:          # D-packing off: fuse each table's lookups on its own
@@ -64,7 +66,8 @@ def k_packing(program, graph, config):
             members_of[group.name] = members
 
     with scratch.as_default():
-        stitches = find_stitches(scratch, sites) if config.stitching else []
+        stitches = find_stitches(scratch, sites, lambda stitch: _projection_choice(
+            stitch, program.statistics, config)[0]) if config.stitching else []
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
         values, member_of, fused = {}, {}, []
         for group in program.tables:

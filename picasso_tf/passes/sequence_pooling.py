@@ -15,8 +15,8 @@ every reduction over axis r - 1 without keep_dims, each tensor used only by the 
 The last is a masked average written with divide_no_nan (an all-padding row gives
 zeros, as the kernel's mean does). An average divided otherwise (Keras'
 GlobalAveragePooling1D divides by the mask's sum as it is) keeps its division and
-folds only the weighted sum. Weights may depend on trainable variables: the lookup's
-gradient gives theirs.
+folds only the weighted sum. Weights may depend on trainable variables (the lookup's
+gradient gives theirs), but not on embedding lookups.
 """
 import dataclasses
 
@@ -27,14 +27,16 @@ from picasso_tf.graph.graph_def_util import canonical
 REDUCTIONS = {"Sum": "sum", "Mean": "mean"}
 
 
-def pool_sequences(graph, sites):
+def pool_sequences(graph, sites, kept):
     """(sites, replacements): the sites of a tf.Graph holding the captured graph, each
     unpooled lookup whose output the graph only reduces over its sequence replaced by
     the pooled site; and {tensor: tensor standing for it} for what read only the shape
-    of a pooled lookup's rows (Keras' masked pooling layers do)."""
+    of a pooled lookup's rows (Keras' masked pooling layers do). kept: names of the
+    tensors the graph returns (a reader of them is never unused)."""
     pooled, replacements = [], {}
+    lookups = {node for site in sites for node in site.chain}
     for site in sites:
-        match = _match(graph, site)
+        match = _match(graph, site, set(kept), lookups)
         pooled.append(_pool(graph, site, match, replacements) if match else site)
     return pooled, replacements
 
@@ -48,7 +50,7 @@ class _Match:
     shape_readers: list = dataclasses.field(default_factory=list)  # Shape ops of the rows
 
 
-def _match(graph, site):
+def _match(graph, site, kept, lookups):
     if site.combiner != "none":
         return None
     ids = graph.get_tensor_by_name(site.ids)
@@ -57,22 +59,31 @@ def _match(graph, site):
     if rank is None or rank < 2 or rows.shape.rank != rank + 1:
         return None
     chain, shape_readers = [], []
-    node = _value_reader(rows, chain, shape_readers)
+    node = _value_reader(rows, chain, shape_readers, kept)
     weights = None
     if node is not None and node.type == "Mul":
         weights = _weights_of(node, rows, ids)
-        if weights is None:
+        # Weights computed from lookups (attention scores) would make the fused lookup
+        # an input of itself.
+        if weights is None or _reads_any(weights, lookups):
             return None
         chain.append(node.name)
         node = _only_consumer(node.outputs[0], chain)
     if node is None or node.type not in (("Sum",) if weights is not None else REDUCTIONS) or \
             not _reduces_axis(node, rank - 1):
         return None
+    length = ids.shape[-1]
+    if node.type == "Mean" and not length:
+        return None     # TF's mean of no rows is NaN, the kernel's zeros: fold only a known L > 0
     chain.append(node.name)
     match = _Match(REDUCTIONS[node.type], node.outputs[0], chain, weights, shape_readers)
     between = []
     division = _only_consumer(match.output, between)
-    if (weights is not None and division is not None and _is_mean_division(division, weights, rank) and
+    # The weights' sum over the sequence is the mean's only where there is one weight per
+    # position: a weight broadcast along the sequence counts once, not L times.
+    per_position = weights is not None and ids.shape[1:].is_fully_defined() and \
+        weights.shape[1:-1] == ids.shape[1:]
+    if (per_position and division is not None and _is_mean_division(division, weights, rank) and
             division.inputs[0].op.name in [match.output.op.name] + between):
         match.chain += between + [division.name]
         match.combiner, match.output = "mean", division.outputs[0]
@@ -84,8 +95,9 @@ def _pool(graph, site, match, replacements):
     ids = graph.get_tensor_by_name(site.ids)
     weights = match.weights
     with graph.as_default(), tf.name_scope("picasso/sequence_pooling/"):
-        if weights is not None and weights.shape[1:-1] != ids.shape[1:]:
-            # Not provably one weight per id past the batch: broadcast as the Mul would.
+        if weights is not None and not _one_per_id(weights.shape[:-1], ids.shape):
+            # Not provably one weight per id: broadcast as the Mul would (the kernel checks
+            # the weights' shape against the ids' where the batch's is not static).
             weights = tf.broadcast_to(weights, tf.concat([tf.shape(ids), [1]], 0))
         for shape in match.shape_readers:
             out_type = shape.get_attr("out_type")
@@ -97,17 +109,37 @@ def _pool(graph, site, match, replacements):
         chain=site.chain + [s.name for s in match.shape_readers] + match.chain)
 
 
-def _value_reader(rows, chain, shape_readers):
+def _reads_any(tensor, nodes):
+    """Whether any of the named nodes is among the ops `tensor` depends on."""
+    seen, frontier = set(), [tensor.op]
+    while frontier:
+        op = frontier.pop()
+        if op.name in nodes:
+            return True
+        if op.name not in seen:
+            seen.add(op.name)
+            frontier += [x.op for x in op.inputs] + list(op.control_inputs)
+    return False
+
+
+def _one_per_id(shape, ids_shape):
+    """Whether weights of `shape` ([B, L] of [B, L, 1]) have one entry per id: every
+    dimension equal to the ids', the batch's unknown in both allowed."""
+    dims, ids_dims = shape.as_list(), ids_shape.as_list()
+    return (dims[0] == ids_dims[0]) and all(a is not None and a == b for a, b in zip(dims[1:], ids_dims[1:]))
+
+
+def _value_reader(rows, chain, shape_readers, kept):
     """The one op reading the values of a lookup's rows, or None. Shape ops (which the
     pooled lookup's ids stand in for) go to shape_readers, ops whose outputs nothing
-    reads to chain."""
+    reads (Keras reads a tensor's dtype from a slice of it) to chain."""
     readers = []
     for node in rows.consumers():
         if node._control_outputs:
             return None
         if node.type == "Shape":
             shape_readers.append(node)
-        elif not any(out.consumers() for out in node.outputs):
+        elif not any(out.consumers() or canonical(out.name) in kept for out in node.outputs):
             chain.append(node.name)
         else:
             readers.append(node)

@@ -66,8 +66,9 @@ class Stitch:
         return [p.site for p in self.parts if p.site is not None]
 
 
-def find_stitches(graph, sites):
-    """The stitchable concatenations of a tf.Graph holding the captured graph."""
+def find_stitches(graph, sites, projection_pays):
+    """The stitchable concatenations of a tf.Graph holding the captured graph.
+    projection_pays(stitch): whether K-packing would make the stitch's projection."""
     reaches = {}   # tensor name -> (site, reshape chain) for exclusively used site outputs
     for site in sites:
         tensor, chain = graph.get_tensor_by_name(site.output), []
@@ -100,13 +101,15 @@ def find_stitches(graph, sites):
         for part in stitch.parts:
             if part.site and sorted(c.name for c in graph.get_tensor_by_name(part.tensor).consumers()) != nodes:
                 part.site, part.chain = None, []
-    # The projection kernels take no per-id weights: where a concatenation could be a
+    # The projection kernels take no per-id weights: where a concatenation would be a
     # projection but for weighted sites (weighted or masked poolings), those are copied in.
     for stitch in stitches:
         weighted = [p for p in stitch.parts if p.site is not None and p.site.weights]
-        if weighted and len(weighted) < len(stitch.sites) and _projection_of(graph, stitch, weights=True):
-            for part in weighted:
-                part.site, part.chain = None, []
+        if weighted and len(weighted) < len(stitch.sites):
+            projection = _projection_of(graph, stitch, weights=True)
+            if projection and projection_pays(dataclasses.replace(stitch, projection=projection)):
+                for part in weighted:
+                    part.site, part.chain = None, []
     # A table's sites must all go to one lookup op (one stitch, or the group's own
     # lookup): then its gradient comes from one op, each row once, summed in the order
     # of the model's own gradient. Sites of tables split otherwise are copied in.
