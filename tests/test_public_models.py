@@ -29,6 +29,14 @@ def din():
     return deepctr_models.DIN(features, ["item"], dnn_hidden_units=(16, 8), att_hidden_size=(8, 4), seed=1)
 
 
+def deepfm_with_sequence():
+    """DeepFM with a multi-valued feature, which DeepCTR pools with its SequencePoolingLayer
+    (a mask tiled to the embedding's width): its lookup pools the sequence."""
+    features = [SparseFeat(f"c{i}", 40 + i, embedding_dim=8) for i in range(3)] + [
+        VarLenSparseFeat(SparseFeat("genres", 40, embedding_dim=8), maxlen=5, combiner="mean")]
+    return deepctr_models.DeepFM(features, features, dnn_hidden_units=(16, 8), seed=1)
+
+
 def data(model, steps=STEPS):
     rng = np.random.default_rng(0)
     n = BATCH * steps
@@ -38,11 +46,14 @@ def data(model, steps=STEPS):
         if tensor.dtype.is_floating:
             features[name] = rng.random((n,) + tuple(tensor.shape[1:])).astype("float32")
         else:
-            features[name] = rng.integers(1, 30, (n,) + tuple(tensor.shape[1:]))
+            ids = rng.integers(1, 30, (n,) + tuple(tensor.shape[1:]))
+            if len(tensor.shape) > 1 and tensor.shape[1] > 1:
+                ids[:, 2:] *= rng.random((n, tensor.shape[1] - 2)) < 0.5   # padding in sequences
+            features[name] = ids
     return features, (rng.random(n) < 0.3).astype("float32")
 
 
-@pytest.mark.parametrize("builder", [deepfm, din], ids=["deepfm", "din"])
+@pytest.mark.parametrize("builder", [deepfm, din, deepfm_with_sequence], ids=["deepfm", "din", "deepfm_sequence"])
 def test_deepctr_model_is_recognised_and_trains_exactly(builder):
     baseline = builder()
     original = builder()
@@ -50,6 +61,9 @@ def test_deepctr_model_is_recognised_and_trains_exactly(builder):
     optimized = picasso.optimize(original)
     analysis = optimized.picasso.reports["training"]["analysis"]
     assert analysis["sites"] and not analysis["left_alone"], optimized.picasso.report()
+    [k_packing] = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"]
+    # The sequence's deep (dim 8) and linear (dim 1) lookups are both pooled.
+    assert k_packing["sequences_pooled"] == (["genres", "genres"] if builder is deepfm_with_sequence else [])
     features, labels = data(baseline)
     losses = {}
     for name, model in (("baseline", baseline), ("picasso", optimized)):

@@ -9,7 +9,8 @@ every reduction over axis r - 1 without keep_dims, each tensor used only by the 
 
   Sum(e)                              combiner sum
   Mean(e)                             combiner mean
-  Sum(Mul(e, w))                      combiner sum, weights w (shaped ids.shape + [1])
+  Sum(Mul(e, w))                      combiner sum, weights w (shaped ids.shape + [1], or
+                                      tiled from it along the rows' dimension)
   DivNoNan(Sum(Mul(e, w)), Sum(w))    combiner mean, weights w
 
 The last is a masked average written with divide_no_nan (an all-padding row gives
@@ -166,17 +167,28 @@ def _only_consumer(tensor, chain):
 
 def _weights_of(mul, rows, ids):
     """The Mul's other input if it can be a weight per id: shaped [B, L, 1] (or a shape
-    that broadcasts to it, a length-1 axis or one not static)."""
+    that broadcasts to it, a length-1 axis or one not static), or such weights tiled
+    along the rows' dimension (DeepCTR's SequencePoolingLayer tiles its mask)."""
     names = [x.name for x in mul.inputs]
     if names.count(rows.name) != 1:
         return None
     weights = mul.inputs[1 - names.index(rows.name)]
+    if weights.op.type == "Tile" and _tiles_last_axis(weights.op):
+        weights = weights.op.inputs[0]
     shape, ids_shape = weights.shape, ids.shape.as_list()
     if weights.dtype != rows.dtype or shape.rank != len(ids_shape) + 1 or shape[-1] != 1:
         return None
     if any(a not in (None, 1, b) for a, b in zip(shape.as_list()[:-1], ids_shape) if b is not None):
         return None
     return weights
+
+
+def _tiles_last_axis(tile):
+    """Whether a Tile repeats only its input's last axis (of length 1)."""
+    multiples = tile.inputs[1]
+    if multiples.op.type != "Const" or tile.inputs[0].shape.rank is None or tile.inputs[0].shape[-1] != 1:
+        return False
+    return all(m == 1 for m in tf.make_ndarray(multiples.op.get_attr("value")).tolist()[:-1])
 
 
 def _reduces_axis(node, axis):
