@@ -146,3 +146,15 @@ def test_weights_of_another_shape_at_run_time_are_an_error_naming_the_feature():
     with pytest.raises(tf.errors.InvalidArgumentError):
         # [3, 1] ids times [1, 3, 1] weights: Keras' product broadcasts the rows to [3, 3, D].
         optimized([history[:3, :1], np.ones((1, 3, 1), np.float32)])
+
+
+def test_rows_of_width_one_stay_unpooled_and_say_why():
+    """A logistic regression's sequence (rows of width 1): TensorFlow's own product and
+    sum beat the kernel's loop there, so the pass stands down and the report says why."""
+    ids = tf.keras.Input((LENGTH,), dtype=tf.int64, name="history")
+    weights = tf.keras.layers.Embedding(VOCAB, 1, name="history_weight")(ids)
+    mask = tf.expand_dims(tf.cast(tf.not_equal(ids, 0), tf.float32), -1)
+    optimized = picasso_tf.optimize(tf.keras.Model(ids, tf.sigmoid(tf.reduce_sum(weights * mask, 1))))
+    [k_packing] = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"]
+    assert k_packing["sequences_pooled"] == []
+    assert "width 1" in k_packing["sequences_not_pooled"]["history"]

@@ -43,11 +43,11 @@ def k_packing(program, graph, config):
         stand_ins, stand_in_nodes = captured.import_typed()
     edits.replacements.update(stand_ins)
     edits.removed |= stand_in_nodes
-    sites = analysis.sites
+    sites, unpaid = analysis.sites, []
     if config.sequence_pooling:
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
             [captured.regularization_loss] if captured.regularization_loss else [])
-        sites, shape_stand_ins = pool_sequences(scratch, sites, [canonical(t) for t in kept])
+        sites, shape_stand_ins, unpaid = pool_sequences(scratch, sites, [canonical(t) for t in kept])
         edits.replacements.update(shape_stand_ins)
         feature_names.update({new.output: feature_names[old.output] for old, new in zip(analysis.sites, sites)})
     if program.tables is None:          # D-packing off: fuse each table's lookups on its own
@@ -88,7 +88,10 @@ def k_packing(program, graph, config):
                                   lookups={**program.lookups, graph: edits.records})
     return program, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
                      "stitched": stitched,
-                     "sequences_pooled": [feature_names[s.output] for s in sites if s.pattern == "sequence"]}
+                     "sequences_pooled": [feature_names[s.output] for s in sites if s.pattern == "sequence"],
+                     "sequences_not_pooled": {feature_names[s.output]: (
+                         f"rows of width {s.dim}: the model's own product and sum are faster there")
+                         for s in unpaid}}
 
 
 @dataclasses.dataclass

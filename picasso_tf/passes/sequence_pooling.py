@@ -28,18 +28,27 @@ from picasso_tf.graph.graph_def_util import canonical
 REDUCTIONS = {"Sum": "sum", "Mean": "mean"}
 
 
+# Rows narrower than this are summed faster by TensorFlow's vectorised product and
+# reduction than by the kernel's loop over ids (benchmarks/sequence_pooling.txt).
+MIN_POOLED_DIM = 2
+
+
 def pool_sequences(graph, sites, kept):
-    """(sites, replacements): the sites of a tf.Graph holding the captured graph, each
-    unpooled lookup whose output the graph only reduces over its sequence replaced by
-    the pooled site; and {tensor: tensor standing for it} for what read only the shape
-    of a pooled lookup's rows (Keras' masked pooling layers do). kept: names of the
-    tensors the graph returns (a reader of them is never unused)."""
-    pooled, replacements = [], {}
+    """(sites, replacements, unpaid): the sites of a tf.Graph holding the captured graph,
+    each unpooled lookup whose output the graph only reduces over its sequence replaced
+    by the pooled site; {tensor: tensor standing for it} for what read only the shape of
+    a pooled lookup's rows (Keras' masked pooling layers do); and the sites that could
+    pool but whose rows are too narrow to pay. kept: names of the tensors the graph
+    returns (a reader of them is never unused)."""
+    pooled, replacements, unpaid = [], {}, []
     lookups = {node for site in sites for node in site.chain}
     for site in sites:
         match = _match(graph, site, set(kept), lookups)
+        if match and site.dim < MIN_POOLED_DIM:
+            unpaid.append(site)
+            match = None
         pooled.append(_pool(graph, site, match, replacements) if match else site)
-    return pooled, replacements
+    return pooled, replacements, unpaid
 
 
 @dataclasses.dataclass
