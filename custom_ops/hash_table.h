@@ -343,6 +343,53 @@ class Table {
     return keys.size();
   }
 
+  // The min(k, size) keys looked up most (ties: the smaller key), in that order, as
+  // (count, key): Algorithm 1's choice of the hot set, without copying any row.
+  std::vector<std::pair<int64_t, int64_t>> Hottest(int64_t k) const {
+    std::vector<std::pair<int64_t, int64_t>> all;
+    all.reserve(size());
+    for (const auto& p : partitions_) {
+      for (const Bucket& b : p.buckets) {
+        if (b.row) all.emplace_back(Header(b.row)->count, b.key);
+      }
+    }
+    auto first = [](const auto& x, const auto& y) {
+      return x.first != y.first ? x.first > y.first : x.second < y.second;
+    };
+    k = std::min<int64_t>(k, all.size());
+    std::nth_element(all.begin(), all.begin() + k, all.end(), first);
+    all.resize(k);
+    std::sort(all.begin(), all.end(), first);
+    return all;
+  }
+
+  // Copies the value and slots of rows (from RowsForUpdate) into values [n, dim] and
+  // slots [num_slots, n, dim].
+  void ReadRows(const std::vector<char*>& rows, float* values, float* slots,
+                const ParallelFor* pf) const {
+    const int64_t n = rows.size(), dim = config_.dim;
+    const_cast<Table*>(this)->ForRows(rows, pf, [&](auto, char* row, int64_t i) {
+      std::memcpy(values + i * dim, Values(row), dim * sizeof(float));
+      for (int64_t s = 0; s < config_.num_slots; ++s) {
+        std::memcpy(slots + (s * n + i) * dim, Slot(row, s), dim * sizeof(float));
+      }
+    });
+  }
+
+  // The inverse of ReadRows, adding add_counts[i] to row i's access count (the lookups
+  // a cache in front of the table counted while it held the row).
+  void WriteRows(const std::vector<char*>& rows, const float* values, const float* slots,
+                 const int64_t* add_counts, const ParallelFor* pf) {
+    const int64_t n = rows.size(), dim = config_.dim;
+    ForRows(rows, pf, [&](auto, char* row, int64_t i) {
+      std::memcpy(Values(row), values + i * dim, dim * sizeof(float));
+      for (int64_t s = 0; s < config_.num_slots; ++s) {
+        std::memcpy(Slot(row, s), slots + (s * n + i) * dim, dim * sizeof(float));
+      }
+      Header(row)->count += add_counts[i];
+    });
+  }
+
   // All keys in increasing order with their rows.
   std::vector<std::pair<int64_t, char*>> SortedRows() const {
     std::vector<std::pair<int64_t, char*>> out;

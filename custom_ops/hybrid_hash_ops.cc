@@ -7,6 +7,9 @@
 //   PicassoHashTableApplyAdagrad  keys (unique), grads, lr, epsilon (slot 0 = accumulator)
 //   PicassoHashTableExport        -> keys (sorted), values, slots, counts, last_steps
 //   PicassoHashTableImport        keys, values, slots, counts, last_steps (replaces all)
+//   PicassoHashTableHottest       k -> keys, counts        (the k looked up most)
+//   PicassoHashTableRead          keys (unique) -> values, slots
+//   PicassoHashTableWrite         keys (unique), values, slots, add_counts
 //   PicassoHashTableSize          -> number of keys
 //
 // Each op holds the table's lock for its whole batch (exclusive when it writes, counts
@@ -157,6 +160,42 @@ REGISTER_OP("PicassoHashTableImport")
     .Input("slots: float")
     .Input("counts: int64")
     .Input("last_steps: int64")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+// A hot tier's refresh moves only its own rows through these three (HybridHash's
+// refresh would otherwise export and import the whole table).
+REGISTER_OP("PicassoHashTableHottest")
+    .Input("table: resource")
+    .Input("k: int64")
+    .Output("keys: int64")
+    .Output("counts: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      auto n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Vector(n));
+      return OkStatus();
+    });
+
+REGISTER_OP("PicassoHashTableRead")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("values: float")
+    .Output("slots: float")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Matrix(c->Dim(c->input(1), 0), c->UnknownDim()));
+      c->set_output(1, c->UnknownShapeOfRank(3));
+      return OkStatus();
+    });
+
+REGISTER_OP("PicassoHashTableWrite")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("add_counts: int64")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
@@ -562,6 +601,103 @@ class ImportOp : public TableOp {
   }
 };
 
+class HottestOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<HashTableResource> resource;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &resource));
+    const Tensor& k = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(k.shape()) && k.scalar<int64_t>()() >= 0,
+                errors::InvalidArgument(name(), ": k must be a scalar >= 0, got ", k.DebugString()));
+    std::shared_lock<std::shared_mutex> lock(resource->table().mutex());
+    const auto hottest = resource->table().Hottest(k.scalar<int64_t>()());
+    const int64_t n = hottest.size();
+    Tensor *keys, *counts;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &counts));
+    for (int64_t i = 0; i < n; ++i) {
+      counts->flat<int64_t>()(i) = hottest[i].first;
+      keys->flat<int64_t>()(i) = hottest[i].second;
+    }
+  }
+};
+
+// Shared by Read and Write: checks the keys, finds every key's row (present, unique)
+// under the table's exclusive lock, then lets Move(ctx, table, rows, pool) copy them.
+class RowsOp : public TableOp {
+ public:
+  using TableOp::TableOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<HashTableResource> resource;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &resource));
+    Table& table = resource->table();
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(keys.shape()),
+                errors::InvalidArgument(name(), ": keys must be a vector, got shape ",
+                                        keys.shape().DebugString()));
+    const ParallelFor pool = PoolOf(ctx);
+    std::unique_lock<std::shared_mutex> lock(table.mutex());
+    OP_REQUIRES_OK(ctx, CheckInputs(ctx, table.config(), keys.NumElements()));
+    std::vector<char*> rows;
+    const Error e = table.RowsForUpdate(keys.flat<int64_t>().data(), keys.NumElements(), &rows, &pool);
+    OP_REQUIRES_OK(ctx, ToStatus(e, "keys", "give each key once"));
+    Move(ctx, table, rows, pool);
+  }
+
+ protected:
+  virtual Status CheckInputs(OpKernelContext* ctx, const Config& config, int64_t n) const {
+    return OkStatus();
+  }
+  virtual void Move(OpKernelContext* ctx, Table& table, const std::vector<char*>& rows,
+                    const ParallelFor& pool) = 0;
+};
+
+class ReadOp : public RowsOp {
+ public:
+  using RowsOp::RowsOp;
+
+ protected:
+  void Move(OpKernelContext* ctx, Table& table, const std::vector<char*>& rows,
+            const ParallelFor& pool) override {
+    const int64_t n = rows.size(), dim = table.config().dim;
+    Tensor *values, *slots;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            1, TensorShape({table.config().num_slots, n, dim}), &slots));
+    table.ReadRows(rows, values->flat<float>().data(), slots->flat<float>().data(), &pool);
+  }
+};
+
+class WriteOp : public RowsOp {
+ public:
+  using RowsOp::RowsOp;
+
+ protected:
+  Status CheckInputs(OpKernelContext* ctx, const Config& config, int64_t n) const override {
+    const TensorShape expected[] = {TensorShape({n, config.dim}),
+                                    TensorShape({config.num_slots, n, config.dim}),
+                                    TensorShape({n})};
+    const char* names[] = {"values", "slots", "add_counts"};
+    for (int i = 0; i < 3; ++i) {
+      if (ctx->input(i + 2).shape() != expected[i]) {
+        return errors::InvalidArgument(name(), ": ", names[i], " must be ",
+                                       expected[i].DebugString(), " for ", n, " keys, got ",
+                                       ctx->input(i + 2).shape().DebugString(),
+                                       ". Nothing was changed.");
+      }
+    }
+    return OkStatus();
+  }
+  void Move(OpKernelContext* ctx, Table& table, const std::vector<char*>& rows,
+            const ParallelFor& pool) override {
+    table.WriteRows(rows, ctx->input(2).flat<float>().data(), ctx->input(3).flat<float>().data(),
+                    ctx->input(4).flat<int64_t>().data(), &pool);
+  }
+};
+
 class SizeOp : public TableOp {
  public:
   using TableOp::TableOp;
@@ -586,6 +722,9 @@ REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplySgd").Device(DEVICE_CPU), App
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplyAdagrad").Device(DEVICE_CPU), ApplyAdagradOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableExport").Device(DEVICE_CPU), ExportOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableImport").Device(DEVICE_CPU), ImportOp);
+REGISTER_KERNEL_BUILDER(Name("PicassoHashTableHottest").Device(DEVICE_CPU), HottestOp);
+REGISTER_KERNEL_BUILDER(Name("PicassoHashTableRead").Device(DEVICE_CPU), ReadOp);
+REGISTER_KERNEL_BUILDER(Name("PicassoHashTableWrite").Device(DEVICE_CPU), WriteOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableSize").Device(DEVICE_CPU), SizeOp);
 
 }  // namespace

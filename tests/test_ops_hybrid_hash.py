@@ -325,6 +325,42 @@ def test_export_import_round_trip_is_exact_and_replaces_contents():
     assert int(dst.size()) == 0
 
 
+def test_a_hot_tier_moves_only_its_rows_through_hottest_read_and_write():
+    """hottest: the keys looked up most (ties: the smaller key), in that order; read:
+    their values and slots as export has them; write: sets them and adds counts,
+    touching no other key; a missing or repeated key or a bad shape changes nothing."""
+    table = HashTable(4, num_slots=1, seed=2, slot_init=0.1)
+    table.find_or_insert([5, 5, 5, 9, 9, 3, 3, 7, 1])          # counts 5:3, 9:2, 3:2, 7:1, 1:1
+    keys, counts = table.hottest(4)
+    assert keys.numpy().tolist() == [5, 3, 9, 1] and counts.numpy().tolist() == [3, 2, 2, 1]
+    assert table.hottest(100)[0].numpy().tolist() == [5, 3, 9, 1, 7]
+    assert table.hottest(0)[0].numpy().tolist() == []
+    before = table.export()
+    values, slots = table.read([3, 9])
+    at = np.searchsorted(before.keys.numpy(), [3, 9])
+    np.testing.assert_array_equal(values.numpy(), before.values.numpy()[at])
+    np.testing.assert_array_equal(slots.numpy(), before.slots.numpy()[:, at])
+    new_values = np.arange(8, dtype=np.float32).reshape(2, 4)
+    new_slots = np.full((1, 2, 4), 0.5, np.float32)
+    table.write([3, 9], new_values, new_slots, [10, 0])
+    after = table.export()
+    np.testing.assert_array_equal(after.values.numpy()[at], new_values)
+    np.testing.assert_array_equal(after.slots.numpy()[:, at], new_slots)
+    assert after.counts.numpy()[at].tolist() == [12, 2]
+    others = np.isin(before.keys.numpy(), [3, 9], invert=True)
+    np.testing.assert_array_equal(after.values.numpy()[others], before.values.numpy()[others])
+    np.testing.assert_array_equal(after.last_steps.numpy(), before.last_steps.numpy())
+    with pytest.raises(tf.errors.NotFoundError, match=r"key 4 .*not in the hash table"):
+        table.write([1, 4], new_values, new_slots, [1, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"key 1 appears more than once.*give each key once"):
+        table.write([1, 1], new_values, new_slots, [1, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"slots must be \[1,2,4\] for 2 keys"):
+        table.write([1, 7], new_values, new_slots[:, :1], [1, 1])
+    with pytest.raises(tf.errors.NotFoundError, match=r"key 4 .*not in the hash table"):
+        table.read([4])
+    _assert_unchanged(table, after)
+
+
 def _assert_unchanged(table, before):
     assert_exports_equal(table.export(), before)
 

@@ -8,7 +8,8 @@ While a key is in the hot tier, its row and optimizer slot there are the current
 `warmup` steps every lookup goes to the cold tier, which counts them; then every
 `refresh_every` steps `refresh` writes the hot rows and counts back into the cold tier
 and loads the `capacity` keys with the highest counts (ties: the smaller key), so the
-rows move between the tiers but never change (with Config.hot_refresh="lookahead" the
+rows move between the tiers but never change; only the tier's own rows move, whatever
+the size of the table (with Config.hot_refresh="lookahead" the
 storage instead refreshes it between steps from the batches ahead,
 HybridHashTables.refresh_ahead). A tier that can hold every row holds all of them from
 the start.
@@ -64,20 +65,24 @@ class HotTier:
                 tf.tensor_scatter_nd_update(slot, at, tf.boolean_mask(self.slot, held)),
                 tf.tensor_scatter_nd_add(counts, at, tf.boolean_mask(self.counts, held)))
 
-    def load(self, keys, values, slot, chosen):
-        """Makes the tier hold the rows `chosen` (increasing positions) of the sorted
-        `keys` with their `values` and `slot`, counts from zero; returns the op."""
-        free = self.capacity - tf.size(chosen)
-        return tf.group(
-            self.keys.assign(tf.concat([tf.gather(keys, chosen), tf.fill([free], tf.constant(EMPTY, tf.int64))], 0)),
-            self.rows.assign(tf.concat([tf.gather(values, chosen), tf.zeros([free, self.dim])], 0)),
-            self.slot.assign(tf.concat([tf.gather(slot, chosen), tf.zeros([free, self.dim])], 0)),
-            self.counts.assign(tf.zeros([self.capacity], tf.int64)))
+    def write_back(self, table):
+        """Writes the held rows and slots into `table` (the cold tier, a HashTable that
+        holds their keys), with the lookups counted here added to its counts, so that
+        the table is current; returns the op. Only the tier's rows move."""
+        held = tf.not_equal(self.keys, EMPTY)
+        return table.write(tf.boolean_mask(self.keys, held), tf.boolean_mask(self.rows, held),
+                           tf.boolean_mask(self.slot, held)[None], tf.boolean_mask(self.counts, held))
 
-    def hottest(self, counts):
-        """Positions (increasing) of the `capacity` highest counts; ties: the lower position."""
-        k = tf.minimum(self.capacity, tf.size(counts))
-        return tf.sort(tf.math.top_k(counts, k=k).indices)
+    def load(self, table, keys):
+        """Makes the tier hold the rows and slots that `table` holds for `keys` (increasing,
+        at most `capacity`), counts from zero; returns the op."""
+        values, slots = table.read(keys)
+        free = self.capacity - tf.size(keys)
+        return tf.group(
+            self.keys.assign(tf.concat([tf.cast(keys, tf.int64), tf.fill([free], tf.constant(EMPTY, tf.int64))], 0)),
+            self.rows.assign(tf.concat([values, tf.zeros([free, self.dim])], 0)),
+            self.slot.assign(tf.concat([slots[0], tf.zeros([free, self.dim])], 0)),
+            self.counts.assign(tf.zeros([self.capacity], tf.int64)))
 
     def loaded(self, keys):
         """Positions in the sorted `keys` of the keys the tier holds."""

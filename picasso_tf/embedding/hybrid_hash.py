@@ -184,10 +184,9 @@ class HybridHashTables(EmbeddingStorage):
     def _refresh(self):
         """Algorithm 1, L23-26: the hot rows and counts go back to the table, and the
         keys with the highest counts become the hot set."""
-        keys, values, slot, counts, last_steps = self._current()
-        imported = self.table.import_(keys, values, slot[None], counts, last_steps)
-        with tf.control_dependencies([imported]):
-            return self.hot.load(keys, values, slot, self.hot.hottest(counts))
+        with tf.control_dependencies([self.hot.write_back(self.table)]):
+            hottest, _ = self.table.hottest(self.hot.capacity)
+        return self.hot.load(self.table, tf.sort(hottest))
 
     def refresh_ahead(self, upcoming):
         """Lookahead refresh (Bagpipe's idea), between steps: the hot set becomes the
@@ -217,14 +216,18 @@ class HybridHashTables(EmbeddingStorage):
             batches.append(np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64))
         if not self.chooses_hot_set:
             return
-        keys, values, slot, counts, last_steps = self._current()
-        sorted_keys, past = keys.numpy(), counts.numpy()
-        future = np.zeros_like(past)
-        for distinct in batches:
-            future[np.searchsorted(sorted_keys, distinct)] += 1
-        chosen = np.lexsort((np.arange(len(sorted_keys)), -past, -future))[:self.hot.capacity]
-        self.table.import_(keys, values, slot[None], counts, last_steps)
-        self.hot.load(keys, values, slot, np.sort(chosen))
+        self.hot.write_back(self.table)
+        # Keys of the batches ahead first (in most batches, then highest count, then the
+        # smaller key), then the table's hottest of the others: Algorithm 1's order.
+        ahead, future = np.unique(np.concatenate(batches) if batches else np.zeros(0, np.int64),
+                                  return_counts=True)
+        past = self.table.counts(ahead).numpy()
+        chosen = ahead[np.lexsort((ahead, -past, -future))[:self.hot.capacity]]
+        if len(chosen) < self.hot.capacity:
+            hottest = self.table.hottest(self.hot.capacity)[0].numpy()
+            others = hottest[np.isin(hottest, chosen, invert=True)]
+            chosen = np.concatenate([chosen, others[:self.hot.capacity - len(chosen)]])
+        self.hot.load(self.table, np.sort(chosen))
         self._state_at = None       # the hot set a checkpoint saves has changed
 
     @property
@@ -326,7 +329,7 @@ class HybridHashTables(EmbeddingStorage):
         hot = self._hot_after_read(keys, counts, held) if self.hot is not None else None
         self.table.import_(keys, values, slot[None], counts)
         if self.hot is not None:
-            self.hot.load(keys, values, slot, hot)
+            self.hot.load(self.table, keys[hot])
         self._restored = {}
         self._written_at, self._state_at = int(self.updates.numpy()), None
 

@@ -174,6 +174,23 @@ class HashTable:
             tf.convert_to_tensor(slots, tf.float32), tf.cast(counts, tf.int64),
             tf.cast(last_steps, tf.int64))
 
+    def hottest(self, k):
+        """(keys, counts) of the min(k, size) keys looked up most, in that order (ties: the
+        smaller key); no row is copied."""
+        return load().picasso_hash_table_hottest(self.handle, tf.cast(k, tf.int64))
+
+    def read(self, keys):
+        """(values [n, dim], slots [num_slots, n, dim]) of unique ``keys`` in the table."""
+        return load().picasso_hash_table_read(self.handle, tf.cast(keys, tf.int64))
+
+    def write(self, keys, values, slots, add_counts):
+        """Sets the values and slots of unique ``keys`` in the table (the inverse of
+        ``read``) and adds ``add_counts`` to their access counts; on an error (a key
+        missing or repeated, a shape) nothing is written. Returns the op."""
+        return load().picasso_hash_table_write(
+            self.handle, tf.cast(keys, tf.int64), tf.convert_to_tensor(values, tf.float32),
+            tf.convert_to_tensor(slots, tf.float32), tf.cast(add_counts, tf.int64))
+
     def size(self):
         """The number of keys."""
         return load().picasso_hash_table_size(self.handle)
