@@ -49,8 +49,8 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.training.saving.saveable_object import SaveSpec
 
+from picasso_tf.distributed.checkpoint import refused_on_save
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hybrid_hash import FetchPlan, apply_to_table, check_hash_optimizer, table_update
 from picasso_tf.embedding.row_keys import positions_of, raw_key_owner
@@ -294,9 +294,7 @@ class DynamicVocabularyTables(EmbeddingStorage):
                 f"{self.world.size} ranks and saved from write_back, which gathers it and which every rank calls "
                 "together (save_weights does); call model.picasso.write_back() on every rank before writing a "
                 "checkpoint with tf.train.Checkpoint")
-        # A restore asks for the names and dtypes only: the refusal is for a save.
-        return {name: SaveSpec(refuse, "", name, dtype=tensor.dtype, device="/cpu:0")
-                for name, tensor in self._local_state(member).items()}
+        return refused_on_save({name: tensor.dtype for name, tensor in self._local_state(member).items()}, refuse)
 
     def _local_state(self, member):
         state = self.tables[member].export()._asdict()
