@@ -10,6 +10,8 @@ ranks must share the checkpoint's directory (one machine, or a shared file syste
 State gathered from every rank by write_back (a collective) cannot be gathered while
 TensorFlow serializes a checkpoint, which it also does to restore one (for the names
 and dtypes): ``refused_on_save`` gives a restore what it asks for, and a save an error.
+With such specs TensorFlow restores inside a function: ``restore_with_numpy`` takes the
+values there as eagerly.
 """
 import os
 
@@ -78,6 +80,16 @@ def refused_on_save(dtypes, refuse):
     {name: dtype} as SaveSpecs whose tensor is only computed by a save, which calls
     `refuse` (which raises, naming what to do)."""
     return {name: SaveSpec(refuse, "", name, dtype=dtype, device="/cpu:0") for name, dtype in dtypes.items()}
+
+
+def restore_with_numpy(restore, tensors):
+    """A trackable's _restore_from_tensors that runs restore(*NumPy arrays) of `tensors`:
+    now when eager, else as the function TensorFlow restores in (a checkpoint whose
+    tensors lie on several devices) runs; returns the op."""
+    if tf.executing_eagerly():
+        restore(*[t.numpy() for t in tensors])
+        return tf.no_op()
+    return tf.py_function(lambda *values: restore(*[v.numpy() for v in values]), tensors, [])
 
 
 _FAILED, _NOTHING, _WROTE = -1, 0, 1

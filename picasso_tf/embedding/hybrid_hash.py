@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from picasso_tf.distributed.checkpoint import refused_on_save
+from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hot_tier import EMPTY, HotTier
 from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id, table_number
@@ -369,15 +369,8 @@ class HashState(tf.__internal__.tracking.Trackable):
         return self._storage.checkpoint_state(self._member)
 
     def _restore_from_tensors(self, restored_tensors):
-        def restore(counts, hot):
-            self._storage.restore_state(self._member, counts.numpy(), hot.numpy())
-        tensors = [restored_tensors["counts"], restored_tensors["hot"]]
-        if tf.executing_eagerly():
-            restore(*tensors)
-            return tf.no_op()
-        # TensorFlow restores in a function when the checkpoint's tensors lie on several
-        # devices (a refused save's specs, tables on a GPU): the state is taken as it runs.
-        return tf.py_function(restore, tensors, [])
+        return restore_with_numpy(lambda counts, hot: self._storage.restore_state(self._member, counts, hot),
+                                  [restored_tensors["counts"], restored_tensors["hot"]])
 
 
 @dataclasses.dataclass
