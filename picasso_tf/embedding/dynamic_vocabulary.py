@@ -280,11 +280,13 @@ class DynamicVocabularyTables(EmbeddingStorage):
     def read_back(self):
         """Several ranks: makes each Bloom filter whose counters a restore read (AdmissionState)
         hold this rank's own counters of the checkpoint; refuses (changing none) those of
-        a checkpoint written by one process: its one filter of every key cannot be split by owner."""
+        a checkpoint written by one process or another number of ranks (one filter of
+        every key cannot be split by owner), or with another bloom_filter_counters."""
         restored, self._restored_admission = self._restored_admission, {}
         for member, parts in sorted(restored.items()):
-            if "by_rank" not in parts:
-                raise self._admission_refusal(member, 1)
+            shape = parts["by_rank"].shape if "by_rank" in parts else (1,) + parts["total"].shape
+            if shape != (self.world.size, self.filters[member].size):
+                raise self._admission_refusal(member, shape)
         for member, parts in restored.items():
             self.filters[member].counters.assign(parts["by_rank"][self.world.rank])
 
@@ -330,19 +332,18 @@ class DynamicVocabularyTables(EmbeddingStorage):
             "checkpoint with tf.train.Checkpoint")
 
     def restore_admission(self, member, part, counters):
-        """Takes a checkpoint's Bloom counters (AdmissionState's `part`) of member table
-        number `member` for the next read_back; refuses (changing nothing) those of
-        another number of ranks or another bloom_filter_counters."""
-        size = self.filters[member].size
-        if part == "by_rank" and counters.shape != (self.world.size, size):
-            raise self._admission_refusal(member, counters.shape[0], counters.shape[1:])
+        """Takes a checkpoint's Bloom counters (AdmissionState's `part`: NumPy) of member
+        table number `member`, for the next read_back."""
         self._restored_admission.setdefault(member, {})[part] = counters
 
-    def _admission_refusal(self, member, ranks, shape=None):
+    def _admission_refusal(self, member, shape):
+        """The error refusing a checkpoint's Bloom counters of member table `member`,
+        `shape` [the ranks that saved them, counters]."""
         name = self.layout.members[member].name
-        if shape is not None and tuple(shape) != (self.filters[member].size,):
+        ranks, counters = shape
+        if counters != self.filters[member].size:
             return ValueError(
-                f"picasso_tf: the checkpoint's Bloom admission counters of table {name} are {tuple(shape)}, not "
+                f"picasso_tf: the checkpoint's Bloom admission filter of table {name} has {counters} counters, not "
                 f"bloom_filter_counters={self.filters[member].size}; restore it into a model with the "
                 "bloom_filter_counters it was trained with")
         saver = "one process" if ranks == 1 else f"{ranks} ranks"
