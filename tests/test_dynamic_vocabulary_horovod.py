@@ -1,10 +1,13 @@
 """Dynamic vocabularies under Horovod (Gloo on loopback): each rank holds the raw keys it
 owns, and the exchange serves them in the same AllToAllv as the row-sharded tables' ids.
 Two ranks with half the batch each train like one process with the whole batch,
-admission included; a checkpoint holds every rank's keys and restores into another
-number of ranks; a batch beyond one rank's capacity fails on every rank, changing nothing.
+admission included (exact, and by a Bloom filter on each owner); a checkpoint holds
+every rank's keys and restores into another number of ranks (the Bloom filters into one
+process or as many ranks); a batch beyond one rank's capacity fails on every rank,
+changing nothing.
 The worker is tests/workers/vocabulary_training.py."""
 import json
+import re
 import sys
 
 import numpy as np
@@ -12,7 +15,7 @@ import pytest
 
 from test_horovod import WORKERS, check_ran, horovodrun_worker
 
-RUNS = ("sgd", "adagrad", "adagrad-admit2")
+RUNS = ("sgd", "adagrad", "adagrad-admit2", "adagrad-admit2-bloom")
 TABLES = ("emb_user/embeddings", "emb_tags/embeddings", "emb_item/embeddings")
 
 
@@ -36,6 +39,12 @@ def vocabulary(path):
         return {t: (f[f"{t}|keys"], f[f"{t}|rows"], f[f"{t}|held"]) for t in TABLES}
 
 
+def bloom_counters(path):
+    """{table: the writing rank's Bloom counters} of a worker's npz."""
+    with np.load(path) as f:
+        return {t: f[f"{t}|bloom"] for t in TABLES}
+
+
 @pytest.mark.parametrize("run", RUNS)
 def test_two_ranks_train_like_one_process_with_the_whole_batch(trained, run):
     one, two = (json.load(open(trained / out / f"{run}.json")) for out in ("out1", "out2"))
@@ -50,9 +59,11 @@ def test_two_ranks_train_like_one_process_with_the_whole_batch(trained, run):
         np.testing.assert_allclose(got[table][1], expected[table][1], rtol=0, atol=1e-6)
 
 
-def test_admission_counts_every_ranks_lookups(trained):
+@pytest.mark.parametrize("run", ["adagrad-admit2", "adagrad-admit2-bloom"])
+def test_admission_counts_every_ranks_lookups(trained, run):
     """admit_after=2 admits exactly the user ids looked up twice in all, among them ids
-    that each rank looked up once: the owner sums the ranks' lookups."""
+    that each rank looked up once: the owner sums the ranks' lookups (the Bloom filter's
+    65,536 counters do not saturate on these few hundred keys)."""
     sys.path.insert(0, WORKERS)
     import vocabulary_training as worker
     users = worker.data(worker.STEPS)[0]["user"].reshape(worker.STEPS, 2, -1)     # step, rank's half, sample
@@ -60,8 +71,44 @@ def test_admission_counts_every_ranks_lookups(trained):
     per_rank = [dict(zip(*np.unique(users[:, r], return_counts=True))) for r in range(2)]
     across = [k for k, n in zip(keys, total) if n == 2 and per_rank[0].get(k) == per_rank[1].get(k) == 1]
     assert across       # the data has such ids
-    admitted = vocabulary(trained / "out2" / "adagrad-admit2.rank0.npz")["emb_user/embeddings"][0]
+    admitted = vocabulary(trained / "out2" / f"{run}.rank0.npz")["emb_user/embeddings"][0]
     np.testing.assert_array_equal(admitted, keys[total >= 2])
+
+
+def test_the_owners_bloom_filters_add_up_to_one_process_filter(trained):
+    """Each owner counts the lookups of the keys it owns: the ranks' counters sum to the
+    counters of one process that counted every key, to the last one."""
+    one = bloom_counters(trained / "out1" / "adagrad-admit2-bloom.rank0.npz")
+    ranks = [bloom_counters(trained / "out2" / f"adagrad-admit2-bloom.rank{r}.npz") for r in range(2)]
+    for table in TABLES:
+        assert one[table].sum() > 0 and all(r[table].sum() > 0 for r in ranks)
+        np.testing.assert_array_equal(ranks[0][table] + ranks[1][table], one[table])
+
+
+@pytest.mark.parametrize("saved_by,restored_by,format", [(2, 1, "checkpoint"), (2, 2, "weights"),
+                                                         (1, 2, "checkpoint"), (2, 3, "weights")])
+def test_bloom_counters_restore_on_one_process_or_as_many_ranks_else_are_refused(trained, tmp_path, saved_by,
+                                                                                 restored_by, format):
+    """Into one process, a 2-rank checkpoint's Bloom filter is the sum of the ranks'
+    (one process's filter, as above); into as many ranks, each rank's own; the filters
+    of another number of ranks cannot be split by owner, and are refused by name."""
+    run = "adagrad-admit2-bloom"
+    launch([tmp_path, "--runs", run, "--restore", trained / f"ckpt{saved_by}", "--format", format], restored_by)
+    if restored_by not in (1, saved_by):
+        saver = "one process" if saved_by == 1 else f"{saved_by} ranks"
+        for rank in range(restored_by):
+            error = json.load(open(tmp_path / f"{run}.rank{rank}.json"))["restore_error"]
+            assert re.search(f"Bloom admission counters of table emb_(user|tags|item)/embeddings "
+                             f"\\(admission_filter='bloom'\\) were saved by {saver}, and this model runs on "
+                             f"{restored_by} ranks", error), error
+            assert "admission_filter='exact'" in error
+        return
+    saved = [bloom_counters(trained / f"out{saved_by}" / f"{run}.rank{r}.npz") for r in range(saved_by)]
+    for rank in range(restored_by):
+        restored = bloom_counters(tmp_path / f"{run}.rank{rank}.npz")
+        for table in TABLES:
+            expected = saved[rank][table] if restored_by == saved_by else sum(s[table] for s in saved)
+            np.testing.assert_array_equal(restored[table], expected)
 
 
 def test_each_rank_holds_the_keys_it_owns_and_every_rank_gets_them_all(trained):
@@ -110,6 +157,5 @@ def test_a_batch_beyond_one_ranks_capacity_fails_on_every_rank_and_changes_nothi
         assert result["unchanged"] and np.isfinite(result["loss_after"])
         # The capacity's check costs one small Allreduce of its own.
         assert result["collectives"] == {"HorovodAlltoall": 3, "HorovodAllreduce": 1, "HorovodGroupedAllreduce": 1}
-        assert "admission_filter='bloom' under Horovod (2 ranks) is not built yet" in result["bloom"]
     unsaved = json.load(open(tmp_path / "crowd.rank0.json"))["unsaved"]
     assert "call model.picasso.write_back() on every rank before writing a checkpoint" in unsaved

@@ -6,6 +6,12 @@ rank) with the object graph, and rank 0 merges the parts into one checkpoint: th
 plain model's, with the tables stored as slices, which TensorFlow reads whole or by any
 other slicing (picasso_tf.embedding.sharded restores each rank's block of it). The
 ranks must share the checkpoint's directory (one machine, or a shared file system).
+
+State gathered from every rank by write_back (a collective) cannot be gathered while
+TensorFlow serializes a checkpoint, which it also does to restore one (for the names
+and dtypes): ``refused_on_save`` gives a restore what it asks for, and a save an error.
+With such specs TensorFlow restores inside a function: ``restore_with_numpy`` takes the
+values there as eagerly.
 """
 import os
 
@@ -14,6 +20,7 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import graph_view, util
 from tensorflow.python.ops import gen_io_ops, io_ops
 from tensorflow.python.trackable import base as trackable, trackable_utils
+from tensorflow.python.training.saving.saveable_object import SaveSpec
 
 from picasso_tf.distributed.world import mean_over_ranks, min_over_ranks
 
@@ -66,6 +73,23 @@ def save_sharded_weights(model, filepath, shards, world, options=None):
     if min_over_ranks(int(error is None), "picasso_checkpoint_merged") == 0:
         raise error if error is not None else RuntimeError(
             f"picasso_tf: save_weights({filepath!r}): rank 0 could not merge the ranks' parts (its log says why)")
+
+
+def refused_on_save(dtypes, refuse):
+    """A trackable's _serialize_to_tensors for state that is not current on this rank:
+    {name: dtype} as SaveSpecs whose tensor is only computed by a save, which calls
+    `refuse` (which raises, naming what to do)."""
+    return {name: SaveSpec(refuse, "", name, dtype=dtype, device="/cpu:0") for name, dtype in dtypes.items()}
+
+
+def restore_with_numpy(restore, tensors):
+    """A trackable's _restore_from_tensors that runs restore(*NumPy arrays) of `tensors`:
+    now when eager, else as the function TensorFlow restores in (a checkpoint whose
+    tensors lie on several devices) runs; returns the op."""
+    if tf.executing_eagerly():
+        restore(*[t.numpy() for t in tensors])
+        return tf.no_op()
+    return tf.py_function(lambda *values: restore(*[v.numpy() for v in values]), tensors, [])
 
 
 _FAILED, _NOTHING, _WROTE = -1, 0, 1

@@ -34,6 +34,13 @@ owner's lookup inserts and counts, so with vocabulary_capacity set every owner f
 checks its distinct keys per table against it, and the ranks agree on the largest
 count in one small Allreduce (Max): a step beyond the capacity fails on every rank,
 before any table of any rank changes, instead of leaving the others waiting.
+
+An id outside its table is found by the requester, but refusing the step there alone
+would leave the other ranks waiting in the AllToAllv (or, if the script goes on,
+matching the next step's). So the ids' AllToAllv itself carries it, at no cost to a
+good step: a rank with an invalid id sends every rank, in place of its keys, one record
+naming the request and the id (_reported), and every rank finds it among what it
+received and raises the same error, before serving anything (_refuse_reported).
 """
 import tensorflow as tf
 
@@ -41,8 +48,9 @@ from picasso_tf.distributed.wire import alltoall_rows
 from picasso_tf.distributed.world import hvd
 from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables
 from picasso_tf.embedding.hybrid_hash import FetchedRowsLog, HybridHashTables
-from picasso_tf.embedding.row_keys import (ID_BITS, check_table_count, keys_of, pairs, positions_of, raw_key_owner,
-                                           row_id, table_number, widened)
+from picasso_tf.embedding.row_keys import (ID_BITS, check_table_count, first_invalid, flat_ids, invalid_id_message,
+                                           keys_of_ids, pairs, positions_of, raw_key_owner, row_id, table_number,
+                                           widened)
 from picasso_tf.embedding.sharded import RowShardedTables
 from picasso_tf.ops.packed_lookup import packed_lookup
 from picasso_tf.ops.read_tables import read_tables
@@ -76,19 +84,26 @@ class RowExchange:
         """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
         [positions tensor per request, shaped and typed as its ids])."""
         size, groups = self.world.size, len(self.storages)
-        keys, remap, counts = [], [], []
+        keys, remap, counts, invalid = [], [], [], []
         for x, _ in requests:
             self.features.setdefault((x.group, x.member), set()).add(x.feature)
         for storage in self.storages:
             own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
-            k, positions, c = self._request(storage, [requests[i] for i in own])
+            k, positions, c, bad = self._request(storage, [requests[i] for i in own])
             keys.append(k)
             remap.append((own, positions))
             counts.append(c)
+            if bad is not None:
+                flag, request, value = bad
+                invalid.append((flag, tf.gather(tf.constant(own, tf.int32), request), value))
         # One buffer, owner-major: for each owner, group by group.
         send = tf.concat([keys[g][d] for d in range(size) for g in range(groups)], 0)
         send_splits = tf.add_n(counts)
+        if invalid:
+            send, send_splits = self._reported(invalid, send, send_splits)
         received, received_splits = hvd().alltoall(send, splits=send_splits, name="picasso_exchange_ids")
+        if invalid:
+            received = self._refuse_reported(requests, received, received_splits)
         rows_back, back_splits = self._serve(received, received_splits)
         fetched = alltoall_rows(rows_back, back_splits, "picasso_exchange_rows", self.wire_dtype)
 
@@ -105,15 +120,23 @@ class RowExchange:
 
     def _request(self, storage, requests):
         """One group's deduplicated keys per owner, each request's positions in the
-        group's fetched rows, and the number of keys per owner."""
+        group's fetched rows, the number of keys per owner, and (checking ids) whether an
+        id lies outside its table, the request holding the first one and that id
+        (first_invalid), else None."""
         size = self.world.size
+        bad = None
         if not requests:
             empty = tf.zeros([0, 2] if self.wide else [0], tf.int64)
-            return [empty] * size, [], tf.zeros([size], tf.int32)
+            return [empty] * size, [], tf.zeros([size], tf.int32), bad
         if storage.kind == DynamicVocabularyTables.kind:
             unique, index, sizes, owner = self._raw_keys(storage, requests)
         else:
-            keys, sizes = keys_of(storage.layout, requests, self.first_table[storage.name], self.check_ids)
+            flat = flat_ids(requests)
+            if self.check_ids:
+                bad = first_invalid(storage.layout, requests, flat)
+                # Such a batch is reported instead of sent (fetch): its ids need only find an owner.
+                flat = tf.cond(bad[0], lambda: [tf.zeros_like(f) for f in flat], lambda: flat)
+            keys, sizes = keys_of_ids(requests, flat, self.first_table[storage.name]), [tf.size(f) for f in flat]
             unique, index = tf.unique(keys)
             if storage.kind == RowShardedTables.kind:
                 owner = tf.cast(row_id(unique) // tf.gather(self.block_of_table, table_number(unique)), tf.int32)
@@ -126,7 +149,48 @@ class RowExchange:
         # Fetched rows come back owner by owner: a key's row lands at its place in that order.
         place = tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)
         counts = tf.stack([tf.shape(part)[0] for part in by_owner])
-        return by_owner, positions_of(requests, place, sizes), counts
+        return by_owner, positions_of(requests, place, sizes), counts, bad
+
+    def _reported(self, invalid, send, send_splits):
+        """The ids' buffer and splits as they are, or, where an id of this rank's batch
+        lies outside its table (`invalid`: per group, first_invalid's report, the request
+        numbered among all), a record to every rank in their place: (-1 - the request's
+        number, the id), which no key can be (keys are >= 0)."""
+        flags = tf.stack([flag for flag, _, _ in invalid])
+        first = tf.argmax(tf.cast(flags, tf.int32), output_type=tf.int32)
+        request = tf.gather(tf.stack([r for _, r, _ in invalid]), first)
+        record = tf.stack([-1 - tf.cast(request, tf.int64), tf.gather(tf.stack([v for _, _, v in invalid]), first)])
+        record = record[None] if self.wide else record      # one pair, or two ids
+        size = self.world.size
+
+        def report():
+            return tf.tile(record, [size, 1] if self.wide else [size]), tf.fill([size], tf.shape(record)[0])
+        return tf.cond(tf.reduce_any(flags), report, lambda: (send, send_splits))
+
+    def _refuse_reported(self, requests, received, received_splits):
+        """`received`, once no rank reported an invalid id (_reported's record heads the
+        part it sent); else the error every rank raises alike, naming the first reporting
+        rank, the feature and the id, before any table of any rank changes and before
+        any other collective, so that every rank can go on to the next step."""
+        tag = received[:, 0] if self.wide else received
+        starts = tf.cumsum(received_splits, exclusive=True)
+        head = tf.gather(tf.concat([tag, tf.zeros([1], tf.int64)], 0), starts)     # a sender's first key
+        reported = tf.logical_and(received_splits > 0, head < 0)
+
+        def fail():
+            sender = tf.argmax(tf.cast(reported, tf.int32), output_type=tf.int32)
+            request = tf.cast(-1 - tf.gather(head, sender), tf.int32)
+            at = tf.gather(starts, sender)
+            value = received[at, 1] if self.wide else received[at + 1]
+            storages = {s.name: s for s in self.storages}
+            limits = [storages[x.group].layout.members[x.member].rows for x, _ in requests]
+            message = invalid_id_message([x.feature for x, _ in requests], limits, request, value, rank=sender)
+            with tf.control_dependencies([tf.debugging.Assert(False, message, summarize=1)]):
+                return tf.constant(False)
+
+        checked = tf.cond(tf.reduce_any(reported), fail, lambda: tf.constant(True))
+        with tf.control_dependencies([checked]):
+            return tf.identity(received)
 
     def _raw_keys(self, storage, requests):
         """A dynamic vocabulary's requests as (their distinct keys as pairs, each id's

@@ -41,7 +41,13 @@ lookups summed over the ranks, so that admission, eviction and the capacity (per
 work on the owner's keys as on one process's. ``write_back`` (every rank together)
 gathers every rank's keys, which a checkpoint then holds under the same names as one
 process's; a restore keeps the keys this rank owns, whatever the number of ranks that
-wrote it. ``vocabulary()`` gathers them too.
+wrote it. ``vocabulary()`` gathers them too. A Bloom admission filter counts, on each
+owner, the lookups of the keys it owns (every rank's, summed by plan_received), so while
+it does not saturate it admits what one process's would; a checkpoint holds the sum of
+the ranks' counters, which is one process's filter, under its name, and each rank's
+beside it (AdmissionState): it restores into one process or into as many ranks, and a
+restore into another number of ranks is refused, one filter's counters not being
+divisible by owner.
 """
 import dataclasses
 import zlib
@@ -49,8 +55,8 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.training.saving.saveable_object import SaveSpec
 
+from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hybrid_hash import FetchPlan, apply_to_table, check_hash_optimizer, table_update
 from picasso_tf.embedding.row_keys import positions_of, raw_key_owner
@@ -93,6 +99,8 @@ class DynamicVocabularyTables(EmbeddingStorage):
             self.updates = tf.Variable(0, dtype=tf.int64, trainable=False,
                                        name=f"picasso_vocabulary_updates/{layout.name}")
         self._gathered, self._gathered_at = None, None   # write_back's per member state (several ranks)
+        self._gathered_admission = None     # and per member its Bloom counters, {AdmissionState part: tensor}
+        self._restored_admission = {}       # member -> {part: counters} a restore read, until read_back
         self.optimizer = None       # the RowSparseOptimizer it was bound to
         capacity = min(options.capacity or 1024, 1 << 20)
         self.tables = [HashTable(layout.dim, num_slots=1, initializer=init, seed=_seed(init, m.name),
@@ -102,7 +110,14 @@ class DynamicVocabularyTables(EmbeddingStorage):
         self._checkpointed = {}
         for i, m in enumerate(layout.members):
             self._checkpointed[f"picasso_vocabulary/{m.name}"] = VocabularyState(self, i)
-            if isinstance(self.filters[i], BloomCounts):
+            if not isinstance(self.filters[i], BloomCounts):
+                continue
+            if world.distributed:
+                # Each rank counts the keys it owns: one process's filter is the sum of the
+                # ranks' counters, and beside it each rank's own, for a restore on as many ranks.
+                self._checkpointed[f"picasso_admission/{m.name}"] = AdmissionState(self, i, "total")
+                self._checkpointed[f"picasso_admission_ranks/{m.name}"] = AdmissionState(self, i, "by_rank")
+            else:
                 self._checkpointed[f"picasso_admission/{m.name}"] = self.filters[i].counters
 
     def kernel_inputs(self):
@@ -258,10 +273,22 @@ class DynamicVocabularyTables(EmbeddingStorage):
         now = int(self.updates.numpy())
         if self._gathered_at != now:
             self._gathered = [self._gathered_state(m) for m in range(len(self.tables))]
+            self._gathered_admission = [self._gathered_counters(m) if isinstance(f, BloomCounts) else None
+                                        for m, f in enumerate(self.filters)]
             self._gathered_at = now
 
     def read_back(self):
-        pass
+        """Several ranks: makes each Bloom filter whose counters a restore read (AdmissionState)
+        hold this rank's own counters of the checkpoint; refuses (changing none) those of
+        a checkpoint written by one process or another number of ranks (one filter of
+        every key cannot be split by owner), or with another bloom_filter_counters."""
+        restored, self._restored_admission = self._restored_admission, {}
+        for member, parts in sorted(restored.items()):
+            shape = parts["by_rank"].shape if "by_rank" in parts else (1,) + parts["total"].shape
+            if shape != (self.world.size, self.filters[member].size):
+                raise self._admission_refusal(member, shape)
+        for member, parts in restored.items():
+            self.filters[member].counters.assign(parts["by_rank"][self.world.rank])
 
     def checkpoint_children(self):
         return dict(self._checkpointed)
@@ -287,16 +314,44 @@ class DynamicVocabularyTables(EmbeddingStorage):
             return self._local_state(member)
         if self._gathered_at == int(self.updates.numpy()):
             return self._gathered[member]
+        return refused_on_save({name: tensor.dtype for name, tensor in self._local_state(member).items()},
+                               lambda: self._refuse_stale(member))
 
-        def refuse():
-            raise RuntimeError(
-                f"picasso_tf: the dynamic vocabulary of {self.layout.members[member].name} is held by "
-                f"{self.world.size} ranks and saved from write_back, which gathers it and which every rank calls "
-                "together (save_weights does); call model.picasso.write_back() on every rank before writing a "
-                "checkpoint with tf.train.Checkpoint")
-        # A restore asks for the names and dtypes only: the refusal is for a save.
-        return {name: SaveSpec(refuse, "", name, dtype=tensor.dtype, device="/cpu:0")
-                for name, tensor in self._local_state(member).items()}
+    def admission_state(self, member, part):
+        """AdmissionState's tensors of member table number `member` (several ranks): write_back's."""
+        key = AdmissionState.KEYS[part]
+        if self._gathered_at == int(self.updates.numpy()):
+            return {key: self._gathered_admission[member][part]}
+        return refused_on_save({key: tf.int32}, lambda: self._refuse_stale(member))
+
+    def _refuse_stale(self, member):
+        raise RuntimeError(
+            f"picasso_tf: the dynamic vocabulary of {self.layout.members[member].name} is held by "
+            f"{self.world.size} ranks and saved from write_back, which gathers it and which every rank calls "
+            "together (save_weights does); call model.picasso.write_back() on every rank before writing a "
+            "checkpoint with tf.train.Checkpoint")
+
+    def restore_admission(self, member, part, counters):
+        """Takes a checkpoint's Bloom counters (AdmissionState's `part`: NumPy) of member
+        table number `member`, for the next read_back."""
+        self._restored_admission.setdefault(member, {})[part] = counters
+
+    def _admission_refusal(self, member, shape):
+        """The error refusing a checkpoint's Bloom counters of member table `member`,
+        `shape` [the ranks that saved them, counters]."""
+        name = self.layout.members[member].name
+        ranks, counters = shape
+        if counters != self.filters[member].size:
+            return ValueError(
+                f"picasso_tf: the checkpoint's Bloom admission filter of table {name} has {counters} counters, not "
+                f"bloom_filter_counters={self.filters[member].size}; restore it into a model with the "
+                "bloom_filter_counters it was trained with")
+        saver = "one process" if ranks == 1 else f"{ranks} ranks"
+        return ValueError(
+            f"picasso_tf: the checkpoint's Bloom admission counters of table {name} (admission_filter='bloom') "
+            f"were saved by {saver}, and this model runs on {self.world.size} ranks, each counting only the keys "
+            "it owns: a filter's counters cannot be split by owner. Restore it on one process or on as many ranks "
+            "as saved it, or train with admission_filter='exact', whose counts restore into any number of ranks")
 
     def _local_state(self, member):
         state = self.tables[member].export()._asdict()
@@ -322,6 +377,13 @@ class DynamicVocabularyTables(EmbeddingStorage):
                 f"{member}_candidates")
             gathered.update(candidate_keys=keys, candidate_counts=counts, candidate_last_steps=last_steps)
         return gathered
+
+    def _gathered_counters(self, member):
+        """Member table `member`'s Bloom counters from every rank: {"by_rank": [ranks, counters],
+        "total": their sum, which one process's filter would hold}."""
+        by_rank = hvd().allgather(self.filters[member].counters[None],
+                                  name=f"picasso_vocabulary_{self.layout.name}_{member}_bloom")
+        return {"by_rank": by_rank, "total": tf.reduce_sum(by_rank, 0)}
 
     def _from_every_rank(self, keys, fields, what):
         """(`keys`, `fields`: tensors of a row per key) of every rank, keys increasing
@@ -394,6 +456,24 @@ class VocabularyState(tf.__internal__.tracking.Trackable):
 
     def _restore_from_tensors(self, restored_tensors):
         return self._storage.restore(self._member, restored_tensors)
+
+
+class AdmissionState(tf.__internal__.tracking.Trackable):
+    """Under several ranks, a checkpoint's Bloom admission counters of one logical table:
+    `part` "total", their sum over the ranks, under a variable's key (one process restores
+    its filter, a variable, from it), or "by_rank", each rank's counters."""
+
+    KEYS = {"total": "VARIABLE_VALUE", "by_rank": "counters"}
+
+    def __init__(self, storage, member, part):
+        self._storage, self._member, self._part = storage, member, part
+
+    def _serialize_to_tensors(self):
+        return self._storage.admission_state(self._member, self._part)
+
+    def _restore_from_tensors(self, restored_tensors):
+        return restore_with_numpy(lambda counters: self._storage.restore_admission(self._member, self._part, counters),
+                                  [restored_tensors[self.KEYS[self._part]]])
 
 
 class ExactCounts:

@@ -29,6 +29,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hot_tier import EMPTY, HotTier
 from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id, table_number
@@ -281,6 +282,15 @@ class HybridHashTables(EmbeddingStorage):
         """Per member table, its HashState, named after the table."""
         return dict(self._checkpointed)
 
+    def checkpoint_state(self, member):
+        """HashState's tensors of member table number `member`; sharded, before write_back
+        kept them, ones that refuse a save (a restore, which asks only for their names
+        and dtypes, goes on)."""
+        if self.collective and self._state_at != int(self.updates.numpy()):
+            return refused_on_save({"counts": tf.int64, "hot": tf.int64}, lambda: self.saved_state(member))
+        counts, hot = self.saved_state(member)
+        return {"counts": tf.constant(counts), "hot": tf.constant(hot)}
+
     def saved_state(self, member):
         """(every row's count, the hot row ids) of member table number `member`, as a
         checkpoint saves them."""
@@ -359,12 +369,11 @@ class HashState(tf.__internal__.tracking.Trackable):
         self._storage, self._member = storage, member
 
     def _serialize_to_tensors(self):
-        counts, hot = self._storage.saved_state(self._member)
-        return {"counts": tf.constant(counts), "hot": tf.constant(hot)}
+        return self._storage.checkpoint_state(self._member)
 
     def _restore_from_tensors(self, restored_tensors):
-        self._storage.restore_state(self._member, restored_tensors["counts"].numpy(), restored_tensors["hot"].numpy())
-        return tf.no_op()
+        return restore_with_numpy(lambda counts, hot: self._storage.restore_state(self._member, counts, hot),
+                                  [restored_tensors["counts"], restored_tensors["hot"]])
 
 
 @dataclasses.dataclass

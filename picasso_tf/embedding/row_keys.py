@@ -3,9 +3,10 @@ kinds) knows a row of a group: (table number << ID_BITS) | row id, int64, where 
 number counts the member tables of the groups fetched together.
 
 A request is one site's ids (an ExchangedIds placeholder's value, any shape); `keys_of`
-turns a group's requests into keys, checking that every id lies in its table, and
-`positions_of` turns each key's place among the fetched rows back into the requests'
-shapes, which the rewritten lookups read.
+turns a group's requests into keys, checking that every id lies in its table (under
+hybrid parallelism the exchange reports an invalid id to every rank instead:
+``first_invalid``), and `positions_of` turns each key's place among the fetched rows
+back into the requests' shapes, which the rewritten lookups read.
 
 A dynamic vocabulary's keys are raw ids (any int64), which leave no bits for a table
 number: under hybrid parallelism its rank is ``raw_key_owner``'s, and the exchange
@@ -26,12 +27,21 @@ def keys_of(layout, requests, first_table, check_ids=True):
     """The keys of every id of `requests` ([(ExchangedIds, ids)] of the group `layout`,
     whose member m is table number first_table + m), requests after one another, and
     the number of ids in each request."""
-    flat = [tf.reshape(tf.cast(ids, tf.int64), [-1]) for _, ids in requests]
+    flat = flat_ids(requests)
     if check_ids:
         flat = _checked(layout, requests, flat)
-    keys = tf.concat([tf.bitwise.bitwise_or(ids, tf.constant((first_table + x.member) << ID_BITS, tf.int64))
+    return keys_of_ids(requests, flat, first_table), [tf.size(f) for f in flat]
+
+
+def flat_ids(requests):
+    """The ids of each request, as an int64 vector."""
+    return [tf.reshape(tf.cast(ids, tf.int64), [-1]) for _, ids in requests]
+
+
+def keys_of_ids(requests, flat, first_table):
+    """The keys of the requests' ids `flat` (flat_ids'), requests after one another."""
+    return tf.concat([tf.bitwise.bitwise_or(ids, tf.constant((first_table + x.member) << ID_BITS, tf.int64))
                       for (x, _), ids in zip(requests, flat)], 0)
-    return keys, [tf.size(f) for f in flat]
 
 
 def widened(keys):
@@ -70,22 +80,46 @@ def table_number(keys):
     return tf.cast(tf.bitwise.right_shift(keys, tf.constant(ID_BITS, tf.int64)), tf.int32)
 
 
-def _checked(layout, requests, flat):
-    """The ids, with an error naming the feature and the id unless every id lies in
-    its table (an id outside would be fetched from a wrong row). The check is one
-    comparison per id; the message is assembled only when it fails."""
+def first_invalid(layout, requests, flat):
+    """(whether an id of `requests` ([(ExchangedIds, ids)] of the group `layout`; `flat`:
+    their ids, int64 vectors) lies outside its table, the index of the first request
+    holding one (int32), that id (int64)). One comparison per id; the index and the id
+    are searched for only when there is one (else 0, 0)."""
     rows = [layout.members[x.member].rows for x, _ in requests]
     bad = tf.reduce_any(tf.stack([tf.reduce_any(tf.logical_or(f < 0, f >= r)) for f, r in zip(flat, rows)]))
 
-    def fail():
+    def find():
         ids = tf.concat(flat, 0)
         limit = tf.concat([tf.fill([tf.size(f)], tf.constant(r, tf.int64)) for f, r in zip(flat, rows)], 0)
         site = tf.concat([tf.fill([tf.size(f)], i) for i, f in enumerate(flat)], 0)
         first = tf.argmax(tf.cast(tf.logical_or(ids < 0, ids >= limit), tf.int32), output_type=tf.int32)
-        features = tf.constant([x.feature for x, _ in requests])
-        message = ["picasso_tf: ids of feature", tf.gather(features, tf.gather(site, first)), "must lie in [0,",
-                   tf.gather(limit, first), "): got", tf.gather(ids, first),
-                   "; raise the feature's vocabulary size or hash its ids into that range"]
+        return tf.gather(site, first), tf.gather(ids, first)
+
+    site, value = tf.cond(bad, find, lambda: (tf.constant(0), tf.constant(0, tf.int64)))
+    return bad, site, value
+
+
+def invalid_id_message(features, limits, request, value, rank=None):
+    """The data of a tf.debugging.Assert naming the feature of request number `request`
+    (features, limits: per request, its feature and its table's rows), its id `value`
+    outside [0, limit) and what to do; `rank`: the rank whose batch holds it, which
+    every rank names (under hybrid parallelism)."""
+    where = [] if rank is None else ["in the batch of rank", rank]
+    every = "" if rank is None else "; every rank refused the step, and no table of any rank changed"
+    return ["picasso_tf: ids of feature", tf.gather(tf.constant(features), request), "must lie in [0,",
+            tf.gather(tf.constant(limits, tf.int64), request), "): got", value, *where,
+            "; raise the feature's vocabulary size or hash its ids into that range" + every]
+
+
+def _checked(layout, requests, flat):
+    """The ids, with an error naming the feature and the id unless every id lies in
+    its table (an id outside would be fetched from a wrong row). The message is
+    assembled only when it fails."""
+    bad, request, value = first_invalid(layout, requests, flat)
+
+    def fail():
+        message = invalid_id_message([x.feature for x, _ in requests],
+                                     [layout.members[x.member].rows for x, _ in requests], request, value)
         with tf.control_dependencies([tf.debugging.Assert(False, message, summarize=1)]):
             return tf.constant(False)
 

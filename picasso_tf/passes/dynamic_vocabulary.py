@@ -27,13 +27,15 @@ all of them refuse the step together, before any table changes. Checkpoints carr
 every rank's keys under the tables' names, gathered by save_weights (with
 tf.train.Checkpoint, call model.picasso.write_back() on every rank first), and restore
 into any number of ranks; model.picasso.vocabulary() gathers the whole vocabulary on
-every rank (a collective). Not built: admission_filter="bloom" under Horovod.
+every rank (a collective). With admission_filter="bloom" each owner counts its keys in
+a counting Bloom filter of its own; a checkpoint holds their sum (one process's filter)
+and each rank's, so it restores on one process or on as many ranks (another number of
+ranks is refused by name).
 """
 import dataclasses
 
 import tensorflow as tf
 
-from picasso_tf.distributed.world import current_world
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name, unique_name
 from picasso_tf.passes.fetched_rows import (FUSED_LOOKUPS, check_hash_storage_options, fetch_rows_per_step,
@@ -50,12 +52,6 @@ POSITIONS_BOUND = 1 << 62
 
 
 def dynamic_vocabulary(program, graph, config):
-    world = current_world()
-    if world.distributed and config.admit_after > 1 and config.admission_filter == "bloom":
-        raise UnsupportedModelError(
-            f"picasso_tf: dynamic_vocabulary with admission_filter='bloom' under Horovod ({world.size} ranks) is not "
-            "built yet (each rank's counters count the keys it owns, and a checkpoint would hold one rank's); use "
-            "admission_filter='exact', or train on one process")
     check_hash_storage_options(config, "dynamic_vocabulary")
     if not config.pass_enabled("k_packing"):
         raise UnsupportedModelError(

@@ -1,0 +1,29 @@
+"""An id outside its table in one rank's batch, under Horovod (Gloo on loopback): every
+rank refuses the step with the same error, naming the feature, the id and the rank,
+before any table of any rank changes and without a collective the others do not
+issue, so that a script that catches it trains on in step on every rank. The check
+rides in the ids' AllToAllv: a step still runs the same collectives. The worker is
+tests/workers/bad_ids.py."""
+import json
+
+import pytest
+
+from test_horovod import check_ran, horovodrun_worker
+
+EXPECTED = {"hashed": "ids of feature] [user] [must lie in [0,] [1000] [): got] [5000] [in the batch of rank] [1]",
+            "vocabulary": "ids of feature] [city] [must lie in [0,] [50] [): got] [500] [in the batch of rank] [1]"}
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED))
+def test_a_bad_id_on_one_rank_fails_the_step_on_every_rank_and_training_goes_on(tmp_path, model):
+    check_ran(horovodrun_worker([tmp_path, "--model", model], 2, timeout=240, worker="bad_ids.py"))
+    for rank in range(2):
+        result = json.load(open(tmp_path / f"rank{rank}.json"))
+        assert result["size"] == 2
+        assert EXPECTED[model] in result["error"], result["error"][-600:]
+        assert "every rank refused the step, and no table of any rank changed" in result["error"]
+        assert result["unchanged"]
+        # Trained on as if the bad batch had never come: losses and every array held, to the bit.
+        assert len(result["losses"]) == 6 and result["losses"] == result["expected"]
+        assert result["same_state"]
+        assert result["collectives"] == {"HorovodAlltoall": 3, "HorovodGroupedAllreduce": 1}

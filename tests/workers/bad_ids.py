@@ -1,0 +1,97 @@
+"""A batch with an id outside its table on one rank only, under `horovodrun -np 2 --gloo`,
+for tests/test_horovod_bad_ids.py.
+
+    bad_ids.py OUT_DIR --model hashed|vocabulary
+
+"hashed": hybrid_training's model with hash-backed tables (hybrid_hash=True, a small
+hot tier), the bad id a user's (5000; the table has 1000 rows). "vocabulary":
+vocabulary_training's model (dynamic vocabularies with admit_after=2, whose raw keys
+make the exchange send pairs, beside a row-sharded table), the bad id a city's (500;
+50 rows). Each trains with Adagrad, one global batch per step: 3 steps, then a step
+whose bad id is in rank 1's share only, whose error every rank catches, then 3 more
+steps; and a second model the same 6 good steps with no bad one. Every rank writes
+OUT_DIR/rankR.json: the error it caught, whether everything it holds of the model
+(weights, shards, hash tables with their counts, hot tiers, vocabularies, optimizer
+variables) stayed as it was over the refused step, and is equal to the undisturbed
+model's at the end, the losses of both models' good steps (mean over the ranks), and
+the collectives of a training step's graph.
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import hybrid_training
+import picasso_tf
+import vocabulary_training
+from hybrid_training import OPTIMIZERS, collectives, hvd, rank_share, world
+
+MODELS = {"hashed": (hybrid_training, "user", 5000), "vocabulary": (vocabulary_training, "city", 500)}
+
+
+def make(name):
+    if name == "vocabulary":
+        return vocabulary_training.make("adagrad-admit2")
+    model = picasso_tf.optimize(hybrid_training.build(), replicate_tables_below=0, hybrid_hash=True,
+                                hot_storage_bytes=2000, hot_warmup_steps=1, hot_refresh_every=2)
+    model.compile(OPTIMIZERS["adagrad"](), "binary_crossentropy")
+    return model
+
+
+def state(model):
+    """Everything this rank holds of the model, as NumPy arrays."""
+    arrays = [v.numpy() for v in model.original.weights + model.optimizer.variables]
+    for storage in model.picasso.storages.values():
+        tables = [storage.table] if storage.kind.endswith("hybrid_hash") else list(getattr(storage, "tables", []))
+        tables += [f.table for f in getattr(storage, "filters", []) if hasattr(f, "table")]
+        arrays += [v.numpy() for v in storage.variables()] + [a.numpy() for t in tables for a in t.export()]
+        hot = getattr(storage, "hot", None)
+        if hot is not None:
+            arrays += [v.numpy() for v in (hot.keys, hot.rows, hot.slot, hot.counts, hot.hits, hot.lookups)]
+    return arrays
+
+
+def equal(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def step(model, batch):
+    loss = float(model.train_on_batch(*batch, return_dict=True)["loss"])
+    return float(hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="worker_loss"))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--model", choices=sorted(MODELS), required=True)
+    args = parser.parse_args()
+    size, rank = world()
+    source, feature, bad_id = MODELS[args.model]
+    features, labels = source.data(6)
+    batches = list(rank_share(features, labels, 6, size, rank).as_numpy_iterator())
+    model = make(args.model)
+    losses = [step(model, b) for b in batches[:3]]
+    x, y = batches[3]
+    if rank == 1:
+        x = dict(x, **{feature: np.where(np.arange(len(y))[:, None] == 1, bad_id, x[feature])})
+    before = state(model)
+    error = None
+    try:
+        model.train_on_batch(x, y)
+    except tf.errors.InvalidArgumentError as e:
+        error = e.message
+    unchanged = equal(before, state(model))
+    losses += [step(model, b) for b in batches[3:]]
+    undisturbed = make(args.model)
+    expected = [step(undisturbed, b) for b in batches]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump({"size": size, "error": error, "unchanged": unchanged, "losses": losses, "expected": expected,
+                   "same_state": equal(state(model), state(undisturbed)),
+                   "collectives": collectives(model, tf.data.Dataset.from_tensors(batches[0]))}, f)
+
+
+if __name__ == "__main__":
+    main()
