@@ -308,13 +308,14 @@ class TableOp : public OpKernel {
   // What an error of the table says, for this op.
   Status ToStatus(const Error& e, const std::string& what,
                   const char* unique_hint = "sum the rows of repeated keys first (tf.unique, "
-                                            "then tf.math.unsorted_segment_sum)") const {
+                                            "then tf.math.unsorted_segment_sum)",
+                  const char* missing_hint = "look a batch's keys up with find_or_insert before "
+                                             "applying their gradients") const {
     switch (e.code) {
       case Error::kNotFound:
         return errors::NotFound(name(), ": key ", e.key, " (", what, "[", e.position,
-                                "]) is not in the hash table; look a batch's keys up with "
-                                "find_or_insert before applying their gradients. Nothing "
-                                "was updated.");
+                                "]) is not in the hash table; ", missing_hint,
+                                ". Nothing was updated.");
       case Error::kDuplicate:
         return errors::InvalidArgument(
             name(), ": key ", e.key, " appears more than once in ", what, " (again at position ",
@@ -643,7 +644,9 @@ class RowsOp : public TableOp {
     OP_REQUIRES_OK(ctx, CheckInputs(ctx, table.config(), keys.NumElements()));
     std::vector<char*> rows;
     const Error e = table.RowsForUpdate(keys.flat<int64_t>().data(), keys.NumElements(), &rows, &pool);
-    OP_REQUIRES_OK(ctx, ToStatus(e, "keys", "give each key once"));
+    OP_REQUIRES_OK(ctx, ToStatus(e, "keys", "give each key once",
+                                 "read or write only keys the table holds (find_or_insert "
+                                 "inserts them)"));
     Move(ctx, table, rows, pool);
   }
 

@@ -279,14 +279,16 @@ class DynamicVocabularyTables(EmbeddingStorage):
 
     def read_back(self):
         """Several ranks: makes each Bloom filter whose counters a restore read (AdmissionState)
-        hold this rank's own counters of the checkpoint; refuses (changing none) those of
-        a checkpoint written by one process or another number of ranks (one filter of
-        every key cannot be split by owner), or with another bloom_filter_counters."""
-        restored, self._restored_admission = self._restored_admission, {}
+        hold this rank's own counters of the checkpoint; refuses (changing no filter, and
+        again at the next call) those of a checkpoint written by one process or another
+        number of ranks (one filter of every key cannot be split by owner), or with
+        another bloom_filter_counters."""
+        restored = self._restored_admission
         for member, parts in sorted(restored.items()):
             shape = parts["by_rank"].shape if "by_rank" in parts else (1,) + parts["total"].shape
             if shape != (self.world.size, self.filters[member].size):
-                raise self._admission_refusal(member, shape)
+                raise self._admission_refusal(member, shape)    # kept: a second read_back refuses too
+        self._restored_admission = {}
         for member, parts in restored.items():
             self.filters[member].counters.assign(parts["by_rank"][self.world.rank])
 

@@ -67,11 +67,14 @@ class HotTier:
 
     def write_back(self, table):
         """Writes the held rows and slots into `table` (the cold tier, a HashTable that
-        holds their keys), with the lookups counted here added to its counts, so that
-        the table is current; returns the op. Only the tier's rows move."""
+        holds their keys), and moves the lookups counted here into its counts (so a
+        second write_back adds none), so that the table is current; returns the op.
+        Only the tier's rows move."""
         held = tf.not_equal(self.keys, EMPTY)
-        return table.write(tf.boolean_mask(self.keys, held), tf.boolean_mask(self.rows, held),
-                           tf.boolean_mask(self.slot, held)[None], tf.boolean_mask(self.counts, held))
+        written = table.write(tf.boolean_mask(self.keys, held), tf.boolean_mask(self.rows, held),
+                              tf.boolean_mask(self.slot, held)[None], tf.boolean_mask(self.counts, held))
+        with tf.control_dependencies([written]):
+            return self.counts.assign(tf.zeros([self.capacity], tf.int64)).op
 
     def load(self, table, keys):
         """Makes the tier hold the rows and slots that `table` holds for `keys` (increasing,

@@ -187,7 +187,7 @@ class HybridHashTables(EmbeddingStorage):
         keys with the highest counts become the hot set."""
         with tf.control_dependencies([self.hot.write_back(self.table)]):
             hottest, _ = self.table.hottest(self.hot.capacity)
-        return self.hot.load(self.table, tf.sort(hottest))
+            return self.hot.load(self.table, tf.sort(hottest))
 
     def refresh_ahead(self, upcoming):
         """Lookahead refresh (Bagpipe's idea), between steps: the hot set becomes the
