@@ -75,6 +75,10 @@ class Config:
       fit refuses input that is not a tf.data.Dataset.
     hot_lookahead_batches: how many batches ahead a lookahead refresh reads; None (the
       default): hot_refresh_every, the batches until the next refresh.
+    hot_tier_device: where the hot tiers' rows and optimizer slots live: None (the
+      default) the first GPU TensorFlow sees, else the host; or a device name such as
+      "/CPU:0" or "/GPU:1". A GPU tier is trained by TensorFlow's own ops; the hot
+      tiers must fit in the device's free memory.
     dynamic_vocabulary: where the model hashes raw ids into a fixed number of bins right
       before an embedding (Keras Hashing, tf.strings.to_hash_bucket*, a modulo by a
       constant), key the table by the raw id instead: no collisions, a row only for the
@@ -188,6 +192,7 @@ class Config:
     hot_refresh_every: int = 100
     hot_refresh: str = "counts"
     hot_lookahead_batches: Optional[int] = None
+    hot_tier_device: Optional[str] = None
     dynamic_vocabulary: Union[bool, Tuple[str, ...]] = False
     vocabulary_capacity: Optional[int] = None
     admit_after: int = 1
@@ -242,6 +247,7 @@ class Config:
                 isinstance(self.hot_lookahead_batches, int) and self.hot_lookahead_batches >= 1):
             raise ValueError(f"hot_lookahead_batches must be a number of batches >= 1 or None (hot_refresh_every), "
                              f"got {self.hot_lookahead_batches!r}")
+        self._check_hot_tier_device()
         self._check_vocabulary_options()
         if self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1, got {self.max_shards}")
@@ -249,6 +255,20 @@ class Config:
             raise ValueError(f"projection_max_distinct is a share of ids, in [0, 1]; got {self.projection_max_distinct}")
         if self.warmup_batches < 0:
             raise ValueError(f"warmup_batches must be >= 0, got {self.warmup_batches}")
+
+    def _check_hot_tier_device(self):
+        if self.hot_tier_device is None:
+            return
+        import tensorflow as tf
+        try:
+            spec = tf.DeviceSpec.from_string(self.hot_tier_device)
+        except ValueError:
+            spec = None
+        seen = tf.config.list_logical_devices(spec.device_type) if spec and spec.device_type else []
+        if not spec or (spec.device_index or 0) >= len(seen):
+            raise ValueError(f"hot_tier_device is a device TensorFlow sees, such as '/CPU:0' or '/GPU:0', or None (a "
+                             f"GPU if there is one); got {self.hot_tier_device!r}, and TensorFlow sees "
+                             f"{[d.name for d in tf.config.list_logical_devices()]}")
 
     def _check_vocabulary_options(self):
         if isinstance(self.dynamic_vocabulary, int) and not isinstance(self.dynamic_vocabulary, bool):

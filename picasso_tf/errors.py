@@ -9,3 +9,8 @@ class UnsupportedModelError(NotImplementedError):
     # Raised while Keras traces its train function, an error keeps its type through
     # autograph only if it takes Exception's constructor (else it becomes a StagingError).
     __init__ = Exception.__init__
+
+
+class HotTierTooLargeError(MemoryError):
+    """HybridHash's hot tiers (hot_storage_bytes) do not fit in the memory of the device
+    they live on (hot_tier_device); nothing was changed."""

@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 
 import picasso_tf as picasso
+from picasso_tf.embedding.hot_tier import HotTier
 from picasso_tf.embedding.hybrid_hash import HybridHashTables
-from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.errors import HotTierTooLargeError, UnsupportedModelError
 from test_program_and_storage import FIELDS, batches, build, plain_weights
 
 
@@ -58,6 +59,42 @@ def test_trains_bit_for_bit_as_the_tables_read_in_place(optimizer, hot):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(dense.optimizer.variables, model.optimizer.variables):   # Adagrad's accumulators too
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_hot_tier_trained_by_tensorflow_ops_trains_as_the_fused_one(optimizer):
+    """A hot tier on a GPU is trained by TensorFlow's own ops (apply_with_tf_ops), with
+    the fused kernels' arithmetic in their order: made to on the host, it trains bit for
+    bit as the fused tier, through refreshes."""
+    data = batches(40, seed=3)
+    fused, by_tf_ops = hashed(projection=False, **SMALL_HOT), hashed(projection=False, **SMALL_HOT)
+    for storage in by_tf_ops.picasso.storages.values():
+        assert storage.hot.fused
+        storage.hot.fused = False
+    assert train(by_tf_ops, data, OPTIMIZERS[optimizer]()) == train(fused, data, OPTIMIZERS[optimizer]())
+    for model in (fused, by_tf_ops):
+        model.picasso.write_back()
+    for a, b in zip(plain_weights(fused) + fused.optimizer.variables,
+                    plain_weights(by_tf_ops) + by_tf_ops.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_hot_rows_live_on_a_gpu_when_there_is_one_and_their_keys_on_the_host():
+    device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    for storage in hashed(**SMALL_HOT).picasso.storages.values():
+        assert storage.hot.rows.device.endswith(f"{device}:0") and storage.hot.slot.device.endswith(f"{device}:0")
+        assert storage.hot.keys.device.endswith("CPU:0") and storage.hot.counts.device.endswith("CPU:0")
+        assert storage.hot.fused == (device == "CPU")
+    for storage in hashed(hot_tier_device="/CPU:0", **SMALL_HOT).picasso.storages.values():
+        assert storage.hot.rows.device.endswith("CPU:0") and storage.hot.fused
+
+
+def test_a_hot_tier_device_or_size_that_cannot_be_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"hot_tier_device is a device TensorFlow sees.*got '/TPU:3'"):
+        hashed(hot_tier_device="/TPU:3")
+    with pytest.raises(HotTierTooLargeError, match=r"hot tier of group huge \(1099511627776 rows of dim 64: "
+                                                   r".* does not fit on /CPU:0 .* lower hot_storage_bytes"):
+        HotTier(1 << 40, 64, warmup=0, refresh_every=1, name="huge", device="/CPU:0")
 
 
 def one_table_model(fold=False):

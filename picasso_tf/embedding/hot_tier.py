@@ -1,7 +1,10 @@
 """HybridHash's hot tier (paper §III-D, Algorithm 1's HStore): a dense array of the rows
 of the keys looked up most often, in front of the hash table that holds every key (the
-cold tier, picasso_tf.ops.hybrid_hash). The paper keeps it in GPU memory; here it stays
-in host memory, beside the fused row-sparse updates that train it (CPU kernels only).
+cold tier, picasso_tf.ops.hybrid_hash). As in the paper, its rows and optimizer slots
+live in GPU memory when TensorFlow sees a GPU (``tier_device``), and are trained there
+by TensorFlow's own gather and scatter ops (``apply_with_tf_ops``); without one they are
+a compact host array trained by the fused row-sparse updates (CPU kernels). Its keys and
+counts stay in host memory beside the cold tier, which the batch's ids are looked up in.
 
 While a key is in the hot tier, its row and optimizer slot there are the current ones
 (the cold tier's copy is stale) and its lookups are counted there. During the first
@@ -19,23 +22,60 @@ search; the rows sit at the same positions.
 """
 import tensorflow as tf
 
+from picasso_tf.errors import HotTierTooLargeError
+from picasso_tf.ops import sparse_apply
+
 EMPTY = (1 << 63) - 1       # no key: every real key is smaller
+
+
+def tier_device(requested=None):
+    """Where hot rows live: `requested` (a device name) if given, else the first GPU
+    TensorFlow sees, else the host."""
+    if requested:
+        return requested
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+
+
+def host_bytes_available():
+    """The host memory new allocations can take without swapping (Linux: MemAvailable),
+    or None where the system does not say."""
+    try:
+        with open("/proc/meminfo") as info:
+            return next(int(line.split()[1]) * 1024 for line in info if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def runs_fused_updates(device):
+    """Whether the fused row-sparse updates (CPU kernels only) can train rows on `device`."""
+    return tf.DeviceSpec.from_string(device).device_type in (None, "CPU")
 
 
 class HotTier:
 
-    def __init__(self, capacity, dim, warmup, refresh_every, name):
+    def __init__(self, capacity, dim, warmup, refresh_every, name, device="/CPU:0"):
         self.capacity, self.dim = int(capacity), int(dim)
         self.warmup, self.refresh_every = int(warmup), int(refresh_every)
-        with tf.init_scope(), tf.device("/CPU:0"):
-            def variable(value, what):
-                return tf.Variable(value, trainable=False, name=f"picasso_hot/{name}/{what}")
-            self.keys = variable(tf.fill([self.capacity], tf.constant(EMPTY, tf.int64)), "keys")
-            self.rows = variable(tf.zeros([self.capacity, self.dim]), "rows")
-            self.slot = variable(tf.zeros([self.capacity, self.dim]), "slot")
-            self.counts = variable(tf.zeros([self.capacity], tf.int64), "counts")
-            self.hits = variable(tf.constant(0, tf.int64), "hits")
-            self.lookups = variable(tf.constant(0, tf.int64), "lookups")
+        self.device, self.fused = device, runs_fused_updates(device)
+
+        def variable(value, what):
+            return tf.Variable(value, trainable=False, name=f"picasso_hot/{name}/{what}")
+        with tf.init_scope():
+            need = 2 * self.capacity * self.dim * tf.float32.size
+            available = host_bytes_available() if self.fused else None
+            if available is not None and need > available:
+                raise _too_large(name, self.capacity, self.dim, device, need, f"{available} bytes of memory available")
+            try:
+                with tf.device(device):
+                    self.rows = variable(tf.zeros([self.capacity, self.dim]), "rows")
+                    self.slot = variable(tf.zeros([self.capacity, self.dim]), "slot")
+            except tf.errors.ResourceExhaustedError as e:
+                raise _too_large(name, self.capacity, self.dim, device, need, e.message) from None
+            with tf.device("/CPU:0"):
+                self.keys = variable(tf.fill([self.capacity], tf.constant(EMPTY, tf.int64)), "keys")
+                self.counts = variable(tf.zeros([self.capacity], tf.int64), "counts")
+                self.hits = variable(tf.constant(0, tf.int64), "hits")
+                self.lookups = variable(tf.constant(0, tf.int64), "lookups")
 
     def locate(self, keys):
         """(whether each of the distinct `keys` is hot, its position in the tier)."""
@@ -50,6 +90,13 @@ class HotTier:
         return tf.group(self.counts.scatter_add(tf.IndexedSlices(tf.ones_like(hot, tf.int64), hot)),
                         self.hits.assign_add(tf.size(hot, out_type=tf.int64)),
                         self.lookups.assign_add(tf.size(keys, out_type=tf.int64)))
+
+    def apply(self, positions, row_grads, update):
+        """Runs `update` (a sparse_apply.Update of SGD or Adagrad, its slot this tier's)
+        on the hot rows at `positions` (each once); returns the op."""
+        if self.fused:
+            return sparse_apply.apply(self.rows, positions, row_grads, update, lazy=True)
+        return apply_with_tf_ops(self.rows, self.slot, positions, row_grads, update)
 
     def due(self, step):
         """Whether the hot set is refreshed after `step` (0-based) of training."""
@@ -95,3 +142,31 @@ class HotTier:
     def hit_ratio(self):
         """Hot hits over lookups of distinct keys since training started (0 before)."""
         return tf.math.divide_no_nan(tf.cast(self.hits, tf.float64), tf.cast(self.lookups, tf.float64))
+
+
+def _too_large(name, capacity, dim, device, need, why):
+    return HotTierTooLargeError(
+        f"picasso_tf: the hot tier of group {name} ({capacity} rows of dim {dim}: {need} bytes with their optimizer "
+        f"slot) does not fit on {device} ({why}); lower hot_storage_bytes (shared by every hash-backed group), or "
+        "set hot_tier_device to a device with more memory free")
+
+
+def apply_with_tf_ops(rows, slot, positions, row_grads, update):
+    """`update` (SGD without momentum or Adagrad, no weight decay: what hash storage
+    trains) of `rows` (and Adagrad's accumulator `slot`) at the distinct `positions`,
+    with TensorFlow's own ops, so that it runs where `rows` live (a GPU); the same
+    arithmetic, in the same order, as the fused kernels (custom_ops/sparse_updates.h),
+    so the same rounding. Returns the op."""
+    hyper = update.hyper_tensors(rows.dtype)
+    grads = tf.convert_to_tensor(row_grads, rows.dtype)
+    if update.optimizer == "sgd":
+        return rows.scatter_add(tf.IndexedSlices(-grads * hyper["lr"], positions)).op
+    if update.optimizer != "adagrad":
+        raise ValueError(f"picasso_tf: a hot tier is trained by SGD or Adagrad, not {update.optimizer}")
+    accumulated = tf.gather(slot, positions) + grads * grads
+    # DivNoNan divides as Div does (but for 0 / 0, which is NaN in Keras' step), and
+    # Grappler does not turn it into a multiplication by Rsqrt, which rounds otherwise.
+    step = tf.math.divide_no_nan(-hyper["lr"] * grads, tf.sqrt(accumulated + hyper["epsilon"]))
+    stepped = tf.gather(rows, positions) + step
+    return tf.group(slot.scatter_update(tf.IndexedSlices(accumulated, positions)),
+                    rows.scatter_update(tf.IndexedSlices(stepped, positions)))

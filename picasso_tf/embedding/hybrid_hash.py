@@ -36,7 +36,6 @@ from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_o
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.errors import UnsupportedModelError
-from picasso_tf.ops import sparse_apply
 from picasso_tf.ops.hybrid_hash import HashTable
 
 # The optimizer kernels (sparse_apply.Update.optimizer) the hash table has ops for.
@@ -48,7 +47,7 @@ class HybridHashTables(EmbeddingStorage):
     kind = "hybrid_hash"
     sharded_kind = "sharded_hybrid_hash"     # under hybrid parallelism: this rank's rows only
 
-    def __init__(self, layout, warmup=0, refresh_every=1, world=World(), refresh="counts"):
+    def __init__(self, layout, warmup=0, refresh_every=1, world=World(), refresh="counts", hot_device="/CPU:0"):
         super().__init__(layout)
         # "lookahead": the hot set changes only by refresh_ahead, which fit calls between steps.
         self.scheduled_refresh = refresh == "counts"
@@ -58,7 +57,7 @@ class HybridHashTables(EmbeddingStorage):
             self.table = HashTable(layout.dim, num_slots=1, initializer="zeros", initial_capacity=layout.num_rows)
             # Counts the updates, so that write_back knows whether the originals are behind.
             self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"picasso_hash_updates/{layout.name}")
-        self.hot = (HotTier(layout.hot_rows, layout.dim, warmup, refresh_every, layout.name)
+        self.hot = (HotTier(layout.hot_rows, layout.dim, warmup, refresh_every, layout.name, hot_device)
                     if layout.hot_rows else None)
         held = [len(self._held(m)) for m in layout.members]
         # A hot tier that holds every row holds them in key order, for good: a key's
@@ -168,10 +167,10 @@ class HybridHashTables(EmbeddingStorage):
             return tf.cond(self.hot.due(tf.convert_to_tensor(iteration, tf.int64)), self._refresh, tf.no_op)
 
     def _apply_hot(self, positions, row_grads, iteration):
-        """The fused update of the hot rows at `positions` (each once)."""
+        """The update of the hot rows at `positions` (each once)."""
         slots = {"accumulator": self.hot.slot} if self.optimizer.slot_names else {}
-        update = self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False)
-        return sparse_apply.apply(self.hot.rows, positions, row_grads, update, lazy=True)
+        return self.hot.apply(positions, row_grads,
+                              self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False))
 
     def _current(self):
         """Every key's (values, slot, counts, last steps), keys increasing: the table's,

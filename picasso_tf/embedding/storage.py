@@ -109,6 +109,7 @@ def make_storage(layout, world, config, initializers=None):
     -> its layer's serialized Keras initializer (Program.initializers), for kinds that make
     new rows."""
     from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables, VocabularyOptions
+    from picasso_tf.embedding.hot_tier import tier_device
     from picasso_tf.embedding.hybrid_hash import HybridHashTables   # they build on this module
     from picasso_tf.embedding.sharded import RowShardedTables
     if layout.kind == TablesInPlace.kind:
@@ -117,7 +118,7 @@ def make_storage(layout, world, config, initializers=None):
         return RowShardedTables(layout, world)
     if layout.kind in (HybridHashTables.kind, HybridHashTables.sharded_kind):
         return HybridHashTables(layout, config.hot_warmup_steps, config.hot_refresh_every, world,
-                                config.hot_refresh)
+                                config.hot_refresh, tier_device(config.hot_tier_device))
     if layout.kind == DynamicVocabularyTables.kind:
         return DynamicVocabularyTables(layout, [tf.keras.initializers.deserialize(initializers[m.name])
                                                 for m in layout.members], VocabularyOptions.from_config(config), world)
