@@ -380,6 +380,8 @@ class PicassoModel(tf.keras.Model):
         hit_ratio = fetch.log.hit_ratio() if fetch is not None else None
         if hit_ratio is not None:
             logs["hot_hit_ratio"] = hit_ratio    # the progress bar and TensorBoard show it
+            logs["hot_tier_rows"] = tf.add_n([s.hot.held for s in fetch.storages
+                                              if s.kind == HybridHashTables.kind and s.hot is not None])
         vocabularies = [s for s in self.picasso.storages.values() if s.kind == DynamicVocabularyTables.kind]
         if vocabularies:
             # Read after the step's updates and evictions: ops on a table run in program order.

@@ -109,7 +109,8 @@ def one_table_model(fold=False):
 def test_the_hot_set_follows_algorithm_1():
     """Lookups counted once per step per distinct id; after the warm-up steps and every
     refresh_every steps after, the hot tier holds the ids with the highest counts (ties:
-    the smaller id); the logged hit ratio is the step's share of distinct ids held."""
+    the smaller id); the logged hit ratio is the step's share of distinct ids held, and
+    the logged tier size the rows it holds."""
     warmup, every, capacity, steps = 4, 3, 7, 14
     rng = np.random.default_rng(0)
     data = [({"u": rng.zipf(1.3, (16, 3)) % 60}, (rng.random(16) < 0.5).astype("float32")) for _ in range(steps)]
@@ -129,6 +130,7 @@ def test_the_hot_set_follows_algorithm_1():
         if step + 1 >= warmup and (step + 1 - warmup) % every == 0:
             hot = set(sorted(range(60), key=lambda i: (-counts[i], i))[:capacity])
         assert set(storage.hot.keys.numpy()[storage.hot.keys.numpy() < 60].tolist()) == hot, step
+        assert logs["hot_tier_rows"] == len(hot), step       # the tier's size, after the step's refresh
     assert any(r > 0 for r in ratios) and any(r < 1 for r in ratios[warmup:])
 
 

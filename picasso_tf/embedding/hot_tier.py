@@ -76,6 +76,7 @@ class HotTier:
                 self.counts = variable(tf.zeros([self.capacity], tf.int64), "counts")
                 self.hits = variable(tf.constant(0, tf.int64), "hits")
                 self.lookups = variable(tf.constant(0, tf.int64), "lookups")
+                self.held = variable(tf.constant(0, tf.int64), "held")      # rows it holds
 
     def locate(self, keys):
         """(whether each of the distinct `keys` is hot, its position in the tier)."""
@@ -132,7 +133,8 @@ class HotTier:
             self.keys.assign(tf.concat([tf.cast(keys, tf.int64), tf.fill([free], tf.constant(EMPTY, tf.int64))], 0)),
             self.rows.assign(tf.concat([values, tf.zeros([free, self.dim])], 0)),
             self.slot.assign(tf.concat([slots[0], tf.zeros([free, self.dim])], 0)),
-            self.counts.assign(tf.zeros([self.capacity], tf.int64)))
+            self.counts.assign(tf.zeros([self.capacity], tf.int64)),
+            self.held.assign(tf.size(keys, out_type=tf.int64)))
 
     def loaded(self, keys):
         """Positions in the sorted `keys` of the keys the tier holds."""
