@@ -170,6 +170,29 @@ inline void AdagradRow(float* __restrict var, float* __restrict acc, const float
   }
 }
 
+// Adam's scalars for a step (Keras' adam.py): alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t).
+struct AdamScalars {
+  float alpha, one_minus_beta1, one_minus_beta2, epsilon;
+};
+
+// kTouched: a row with a gradient; the others only decay (Keras' exact form reaches them).
+// The same arithmetic in the same order as the fused kernels' (sparse_updates.h AdamUpdate).
+template <int64_t kD, bool kTouched>
+inline void AdamRow(float* __restrict var, float* __restrict m, float* __restrict v,
+                    const float* __restrict g, const AdamScalars& s, int64_t d) {
+  const int64_t n = kD ? kD : d;
+  const float alpha = s.alpha, c1 = s.one_minus_beta1, c2 = s.one_minus_beta2, eps = s.epsilon;
+  for (int64_t j = 0; j < n; ++j) {
+    m[j] -= m[j] * c1;
+    v[j] -= v[j] * c2;
+    if constexpr (kTouched) {
+      m[j] += g[j] * c1;
+      v[j] += g[j] * g[j] * c2;
+    }
+    var[j] -= m[j] * alpha / (std::sqrt(v[j]) + eps);
+  }
+}
+
 class Table {
  public:
   explicit Table(const Config& config) : config_(config) {
@@ -301,6 +324,29 @@ class Table {
     ForRows(rows, pf, [&](auto kd, char* row, int64_t i) {
       AdagradRow<decltype(kd)::value>(Values(row), Slot(row, 0), grads + i * config_.dim, -lr,
                                       epsilon, config_.dim);
+    });
+  }
+
+  //   Adam:     (slots 0, 1 = m, v) as AdamRow; with `every_row` (Keras' exact form)
+  //             every other row of the table decays too. Must follow the RowsForUpdate
+  //             that found `rows`, under the same lock: its stamp marks them.
+  void ApplyAdam(const std::vector<char*>& rows, const float* grads, const AdamScalars& scalars,
+                 bool every_row, const ParallelFor* pf) {
+    const int64_t dim = config_.dim;
+    ForRows(rows, pf, [&](auto kd, char* row, int64_t i) {
+      AdamRow<decltype(kd)::value, true>(Values(row), Slot(row, 0), Slot(row, 1), grads + i * dim,
+                                         scalars, dim);
+    });
+    if (!every_row) return;
+    std::vector<char*> others;
+    for (const auto& p : partitions_) {
+      for (const Bucket& b : p.buckets) {
+        if (b.row != nullptr && Header(b.row)->stamp != stamp_) others.push_back(b.row);
+      }
+    }
+    ForRows(others, pf, [&](auto kd, char* row, int64_t) {
+      AdamRow<decltype(kd)::value, false>(Values(row), Slot(row, 0), Slot(row, 1), nullptr, scalars,
+                                          dim);
     });
   }
 

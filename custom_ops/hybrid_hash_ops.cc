@@ -5,6 +5,8 @@
 //   PicassoHashTableLookup        keys -> rows, found      (reads only; zeros if missing)
 //   PicassoHashTableApplySgd      keys (unique), grads, lr
 //   PicassoHashTableApplyAdagrad  keys (unique), grads, lr, epsilon (slot 0 = accumulator)
+//   PicassoHashTableApplyAdam     keys (unique), grads, lr, beta powers, 1 - betas, epsilon
+//                                 (slots 0, 1 = m, v); every row decays unless lazy
 //   PicassoHashTableExport        -> keys (sorted), values, slots, counts, last_steps
 //   PicassoHashTableImport        keys, values, slots, counts, last_steps (replaces all)
 //   PicassoHashTableHottest       k -> keys, counts        (the k looked up most)
@@ -39,6 +41,7 @@ namespace tensorflow {
 namespace picasso {
 namespace {
 
+using ::picasso::hash_table::AdamScalars;
 using ::picasso::hash_table::Config;
 using ::picasso::hash_table::Error;
 using ::picasso::hash_table::InitKind;
@@ -132,6 +135,20 @@ REGISTER_OP("PicassoHashTableApplyAdagrad")
     .Input("grads: float")
     .Input("lr: float")
     .Input("epsilon: float")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+REGISTER_OP("PicassoHashTableApplyAdam")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("grads: float")
+    .Input("lr: float")
+    .Input("beta1_power: float")
+    .Input("beta2_power: float")
+    .Input("one_minus_beta1: float")
+    .Input("one_minus_beta2: float")
+    .Input("epsilon: float")
+    .Attr("lazy: bool = false")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
@@ -516,6 +533,27 @@ class ApplyAdagradOp : public ApplyOp {
   }
 };
 
+class ApplyAdamOp : public ApplyOp {
+ public:
+  explicit ApplyAdamOp(OpKernelConstruction* ctx) : ApplyOp(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("lazy", &lazy_));
+  }
+
+ protected:
+  int64_t slots_needed() const override { return 2; }
+  const char* slot_names() const override { return "m, v"; }
+  void Apply(OpKernelContext* ctx, Table& table, const std::vector<char*>& rows,
+             const float* grads, const ParallelFor& pool) override {
+    auto in = [&](int i) { return ctx->input(i).scalar<float>()(); };
+    // alpha as the fused kernels compute it (sparse_updates.h AdamUpdate), so the same rounding.
+    const AdamScalars scalars{in(3) * std::sqrt(1.f - in(5)) / (1.f - in(4)), in(6), in(7), in(8)};
+    table.ApplyAdam(rows, grads, scalars, !lazy_, &pool);
+  }
+
+ private:
+  bool lazy_ = false;
+};
+
 class ExportOp : public TableOp {
  public:
   using TableOp::TableOp;
@@ -723,6 +761,7 @@ REGISTER_KERNEL_BUILDER(Name("PicassoHashTableErase").Device(DEVICE_CPU), EraseO
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableEvict").Device(DEVICE_CPU), EvictOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplySgd").Device(DEVICE_CPU), ApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplyAdagrad").Device(DEVICE_CPU), ApplyAdagradOp);
+REGISTER_KERNEL_BUILDER(Name("PicassoHashTableApplyAdam").Device(DEVICE_CPU), ApplyAdamOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableExport").Device(DEVICE_CPU), ExportOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableImport").Device(DEVICE_CPU), ImportOp);
 REGISTER_KERNEL_BUILDER(Name("PicassoHashTableHottest").Device(DEVICE_CPU), HottestOp);

@@ -56,7 +56,7 @@ class Config:
       passes; their slots run in order and report what they did. hybrid_hash=True keeps
       the packed groups that only fused lookups read in a hash table keyed by row id
       (picasso_tf.embedding.hybrid_hash), trained as the tables would be; models
-      compiled with SGD (no momentum) or Adagrad, one micro-batch; under Horovod each
+      compiled with SGD (no momentum), Adagrad or Adam, one micro-batch; under Horovod each
       rank holds a share of the rows.
     hot_storage_bytes: HybridHash's hot tier (Algorithm 1): bytes for the rows (with
       their optimizer slot) looked up most often, over all hash-backed groups, shared

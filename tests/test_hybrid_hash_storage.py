@@ -45,15 +45,23 @@ SMALL_HOT = dict(hot_storage_bytes=12000, hot_warmup_steps=5, hot_refresh_every=
 HOT_TIERS = {"no hot tier": dict(hot_storage_bytes=0), "small hot tier": SMALL_HOT, "all hot": {}}
 
 
-@pytest.mark.parametrize("optimizer, hot", [(o, "small hot tier") for o in sorted(OPTIMIZERS)] +
-                         [("adagrad", "no hot tier"), ("adagrad", "all hot")])
+# Keras' Adam decays every row's moments each step (exact), or with lazy_optimizer=True
+# only the rows with a gradient.
+ADAM = {"adam (exact)": {}, "adam (lazy)": dict(lazy_optimizer=True)}
+
+
+@pytest.mark.parametrize("optimizer, hot", [(o, "small hot tier") for o in sorted(OPTIMIZERS) + sorted(ADAM)] +
+                         [("adagrad", "no hot tier"), ("adagrad", "all hot"), ("adam (exact)", "no hot tier"),
+                          ("adam (exact)", "all hot")])
 def test_trains_bit_for_bit_as_the_tables_read_in_place(optimizer, hot):
     """200 steps; without the stitched projection (which projects the fetched rows in
     another order) losses, every weight and the optimizer's slots are identical."""
     data = batches(200, seed=3)
-    dense = picasso.optimize(build(), projection=False)
-    model = hashed(projection=False, **HOT_TIERS[hot])
-    assert train(model, data, OPTIMIZERS[optimizer]()) == train(dense, data, OPTIMIZERS[optimizer]())
+    options = dict(projection=False, **ADAM.get(optimizer, {}))
+    dense = picasso.optimize(build(), **options)
+    model = hashed(**options, **HOT_TIERS[hot])
+    make = OPTIMIZERS.get(optimizer, lambda: tf.keras.optimizers.Adam(0.01))
+    assert train(model, data, make()) == train(dense, data, make())
     model.picasso.write_back()
     for a, b in zip(plain_weights(dense), plain_weights(model)):
         np.testing.assert_array_equal(a, b)
@@ -79,10 +87,41 @@ def test_a_hot_tier_trained_by_tensorflow_ops_trains_as_the_fused_one(optimizer)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_with_adam_the_hot_tier_holds_fewer_rows_in_the_same_bytes():
+    """hot_storage_bytes counts a row's optimizer slots: Adam's two make a tier of fewer
+    rows than Adagrad's one, which keeps its hottest rows through the change."""
+    data = batches(12, seed=3)
+    model = hashed(projection=False, **SMALL_HOT)
+    train(model, data[:8])      # Adagrad: the hot set is chosen after 5 steps
+    # A hot key's lookups are counted by the table until it became hot, then by the tier.
+    before = {name: (s.hot.capacity, s.hot.held_keys(), s.table.counts(s.hot.held_keys()).numpy()
+                     + s.hot.counts.numpy()[:len(s.hot.held_keys())])
+              for name, s in model.picasso.storages.items()}
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    train(model, data[8:10])    # no refresh yet: the hot sets are those bind kept
+    for name, storage in model.picasso.storages.items():
+        capacity, keys, counts = before[name]
+        dim = storage.layout.dim
+        assert storage.hot.capacity == capacity * (2 * dim * 4 + 16) // (3 * dim * 4 + 16) < capacity
+        assert len(storage.hot.slots) == 2 and storage.table.num_slots == 2
+        kept = keys[np.lexsort((keys, -counts))[:storage.hot.capacity]]
+        np.testing.assert_array_equal(storage.hot.held_keys(), np.sort(kept))
+
+
+def test_adam_on_a_hot_tier_trained_by_tensorflow_ops_is_refused_by_name():
+    model = hashed(**SMALL_HOT)
+    for storage in model.picasso.storages.values():
+        storage.hot.fused = False       # as on a GPU
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    with pytest.raises(UnsupportedModelError, match=r"hot tier of group .* built for SGD and Adagrad only.*Adam.*"
+                                                    r"hot_tier_device='/CPU:0'"):
+        model.picasso.check_optimizer(model.optimizer)
+
+
 def test_the_hot_rows_live_on_a_gpu_when_there_is_one_and_their_keys_on_the_host():
     device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
     for storage in hashed(**SMALL_HOT).picasso.storages.values():
-        assert storage.hot.rows.device.endswith(f"{device}:0") and storage.hot.slot.device.endswith(f"{device}:0")
+        assert storage.hot.rows.device.endswith(f"{device}:0") and storage.hot.slots[0].device.endswith(f"{device}:0")
         assert storage.hot.keys.device.endswith("CPU:0") and storage.hot.counts.device.endswith("CPU:0")
         assert storage.hot.fused == (device == "CPU")
     for storage in hashed(hot_tier_device="/CPU:0", **SMALL_HOT).picasso.storages.values():
@@ -548,7 +587,8 @@ def test_recompiling_continues_from_the_trained_rows():
 
 
 @pytest.mark.parametrize("make, named", [
-    (lambda: tf.keras.optimizers.Adam(0.01), "Adam"),
+    (lambda: tf.keras.optimizers.Adam(0.01, amsgrad=True), r"Adam \(amsgrad=True\)"),
+    (lambda: tf.keras.optimizers.RMSprop(0.01), "RMSprop"),
     (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "SGD"),
     (lambda: tf.keras.optimizers.Adagrad(0.1, weight_decay=0.01), "weight_decay=0.01")])
 def test_optimizers_the_hash_table_cannot_apply_are_refused_by_name(make, named):

@@ -127,7 +127,7 @@ class DynamicVocabularyTables(EmbeddingStorage):
         return []
 
     def check(self, optimizer):
-        check_hash_optimizer(optimizer, self.layout, "dynamic_vocabulary")
+        check_hash_optimizer(optimizer, self.layout, "dynamic_vocabulary", ("sgd", "adagrad"))
 
     def bind(self, optimizer):
         """Ties the tables to `optimizer` (a RowSparseOptimizer) before a training step

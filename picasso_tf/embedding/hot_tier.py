@@ -36,6 +36,11 @@ def tier_device(requested=None):
     return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
 
 
+def hot_row_bytes(dim, num_slots, value_bytes=4):
+    """What a hot row costs: its values and optimizer slots, its key and its count."""
+    return (1 + num_slots) * dim * value_bytes + 16
+
+
 def host_bytes_available():
     """The host memory new allocations can take without swapping (Linux: MemAvailable),
     or None where the system does not say."""
@@ -53,7 +58,7 @@ def runs_fused_updates(device):
 
 class HotTier:
 
-    def __init__(self, capacity, dim, warmup, refresh_every, name, device="/CPU:0"):
+    def __init__(self, capacity, dim, warmup, refresh_every, name, device="/CPU:0", num_slots=1):
         self.capacity, self.dim = int(capacity), int(dim)
         self.warmup, self.refresh_every = int(warmup), int(refresh_every)
         self.device, self.fused = device, runs_fused_updates(device)
@@ -61,14 +66,15 @@ class HotTier:
         def variable(value, what):
             return tf.Variable(value, trainable=False, name=f"picasso_hot/{name}/{what}")
         with tf.init_scope():
-            need = 2 * self.capacity * self.dim * tf.float32.size
+            need = (1 + num_slots) * self.capacity * self.dim * tf.float32.size
             available = host_bytes_available() if self.fused else None
             if available is not None and need > available:
                 raise _too_large(name, self.capacity, self.dim, device, need, f"{available} bytes of memory available")
             try:
                 with tf.device(device):
                     self.rows = variable(tf.zeros([self.capacity, self.dim]), "rows")
-                    self.slot = variable(tf.zeros([self.capacity, self.dim]), "slot")
+                    self.slots = [variable(tf.zeros([self.capacity, self.dim]), f"slot{s}")
+                                  for s in range(num_slots)]
             except tf.errors.ResourceExhaustedError as e:
                 raise _too_large(name, self.capacity, self.dim, device, need, e.message) from None
             with tf.device("/CPU:0"):
@@ -92,25 +98,26 @@ class HotTier:
                         self.hits.assign_add(tf.size(hot, out_type=tf.int64)),
                         self.lookups.assign_add(tf.size(keys, out_type=tf.int64)))
 
-    def apply(self, positions, row_grads, update):
-        """Runs `update` (a sparse_apply.Update of SGD or Adagrad, its slot this tier's)
-        on the hot rows at `positions` (each once); returns the op."""
+    def apply(self, positions, row_grads, update, lazy=True):
+        """Runs `update` (a sparse_apply.Update, its slots this tier's) on the hot rows at
+        `positions` (each once; not `lazy`: every row, as Keras' exact Adam); returns the op."""
         if self.fused:
-            return sparse_apply.apply(self.rows, positions, row_grads, update, lazy=True)
-        return apply_with_tf_ops(self.rows, self.slot, positions, row_grads, update)
+            return sparse_apply.apply(self.rows, positions, row_grads, update, lazy=lazy)
+        return apply_with_tf_ops(self.rows, self.slots[0], positions, row_grads, update)
 
     def due(self, step):
         """Whether the hot set is refreshed after `step` (0-based) of training."""
         done = step + 1 - self.warmup
         return tf.logical_and(done >= 0, tf.equal(done % self.refresh_every, 0))
 
-    def current(self, keys, values, slot, counts):
-        """The cold tier's export (sorted keys, values, slot, counts) with the hot keys'
-        rows, slots and counts in place of their stale copies."""
+    def current(self, keys, values, slots, counts):
+        """The cold tier's export (sorted keys, values, slots [num_slots, n, dim], counts)
+        with the hot keys' rows, slots and counts in place of their stale copies."""
         held = tf.not_equal(self.keys, EMPTY)
         at = tf.searchsorted(keys, tf.boolean_mask(self.keys, held))[:, None]
         return (tf.tensor_scatter_nd_update(values, at, tf.boolean_mask(self.rows, held)),
-                tf.tensor_scatter_nd_update(slot, at, tf.boolean_mask(self.slot, held)),
+                tf.stack([tf.tensor_scatter_nd_update(slots[s], at, tf.boolean_mask(mine, held))
+                          for s, mine in enumerate(self.slots)]),
                 tf.tensor_scatter_nd_add(counts, at, tf.boolean_mask(self.counts, held)))
 
     def write_back(self, table):
@@ -120,7 +127,8 @@ class HotTier:
         Only the tier's rows move."""
         held = tf.not_equal(self.keys, EMPTY)
         written = table.write(tf.boolean_mask(self.keys, held), tf.boolean_mask(self.rows, held),
-                              tf.boolean_mask(self.slot, held)[None], tf.boolean_mask(self.counts, held))
+                              tf.stack([tf.boolean_mask(s, held) for s in self.slots]),
+                              tf.boolean_mask(self.counts, held))
         with tf.control_dependencies([written]):
             return self.counts.assign(tf.zeros([self.capacity], tf.int64)).op
 
@@ -132,14 +140,14 @@ class HotTier:
         return tf.group(
             self.keys.assign(tf.concat([tf.cast(keys, tf.int64), tf.fill([free], tf.constant(EMPTY, tf.int64))], 0)),
             self.rows.assign(tf.concat([values, tf.zeros([free, self.dim])], 0)),
-            self.slot.assign(tf.concat([slots[0], tf.zeros([free, self.dim])], 0)),
+            *[mine.assign(tf.concat([slots[s], tf.zeros([free, self.dim])], 0)) for s, mine in enumerate(self.slots)],
             self.counts.assign(tf.zeros([self.capacity], tf.int64)),
             self.held.assign(tf.size(keys, out_type=tf.int64)))
 
-    def loaded(self, keys):
-        """Positions in the sorted `keys` of the keys the tier holds."""
-        held = tf.boolean_mask(self.keys, tf.not_equal(self.keys, EMPTY))
-        return tf.searchsorted(keys, held)
+    def held_keys(self):
+        """The keys the tier holds, increasing (NumPy)."""
+        keys = self.keys.numpy()
+        return keys[keys != EMPTY]
 
     def hit_ratio(self):
         """Hot hits over lookups of distinct keys since training started (0 before)."""

@@ -8,8 +8,8 @@ batch's distinct keys (counting their accesses) and the rewritten lookups read t
 id % size == rank, and the row exchange, picasso_tf.distributed.exchange, serves them);
 the step takes the loss's gradient with respect to the fetched rows (one summed row per
 key) and ``apply_fetched`` updates the table with the hash table's own optimizer ops.
-They implement SGD without momentum and Adagrad, whose updates touch only the rows with
-a gradient; `bind` refuses other optimizers by name.
+They implement SGD without momentum, Adagrad and Adam (exact: every row's moments decay
+each step, as Keras' do; or lazy); `bind` refuses other optimizers by name.
 
 The table starts as a copy of the original tables (every row, keyed by its id), so
 training is the same as with the tables read in place. The original variables stay the
@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
-from picasso_tf.embedding.hot_tier import EMPTY, HotTier
+from picasso_tf.embedding.hot_tier import EMPTY, HotTier, hot_row_bytes
 from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id, table_number
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
@@ -39,7 +39,7 @@ from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.ops.hybrid_hash import HashTable
 
 # The optimizer kernels (sparse_apply.Update.optimizer) the hash table has ops for.
-HASH_UPDATES = ("sgd", "adagrad")
+HASH_UPDATES = ("sgd", "adagrad", "adam")
 
 
 class HybridHashTables(EmbeddingStorage):
@@ -65,11 +65,12 @@ class HybridHashTables(EmbeddingStorage):
         self.all_hot = self.hot is not None and self.hot.capacity >= sum(held)
         self._first_position = np.cumsum([0] + held[:-1]).astype(np.int64)
         self.optimizer = None       # the RowSparseOptimizer it was bound to
-        self._slots = []            # per member, the Keras optimizer's slot variable, or None
+        self._slots = []            # per member, the Keras optimizer's slot variables (the table's order)
         self._written_at = None     # self.updates when the originals last held the rows
         self._saved_state = None    # per member (counts, hot ids) as of self.updates == _state_at, for HashState
         self._state_at = None
         self._restored = {}         # member index -> (counts, hot ids) a restore read, until read_back
+        self._carried_hot = None    # the keys a hot tier made again held, until read_back
         self._checkpointed = {f"picasso_hash/{m.name}": HashState(self, i) for i, m in enumerate(layout.members)}
         with tf.init_scope():       # the model may be rewritten while a step is traced
             self.read_back()
@@ -128,7 +129,12 @@ class HybridHashTables(EmbeddingStorage):
 
     def check(self, optimizer):
         """Refuses by name an optimizer (a RowSparseOptimizer) the hash table cannot apply."""
-        check_hash_optimizer(optimizer, self.layout, "hybrid_hash=True")
+        check_hash_optimizer(optimizer, self.layout, "hybrid_hash=True", HASH_UPDATES)
+        if optimizer.slot_names and len(optimizer.slot_names) > 1 and self.hot is not None and not self.hot.fused:
+            raise UnsupportedModelError(
+                f"picasso_tf: hybrid_hash=True: the hot tier of group {self.layout.name} is on {self.hot.device}, "
+                f"where its update is built for SGD and Adagrad only; the model is compiled with "
+                f"{type(optimizer.optimizer).__name__}. Set hot_tier_device='/CPU:0', or compile with SGD or Adagrad")
 
     def bind(self, optimizer):
         """Ties the table's slots to `optimizer` (a RowSparseOptimizer) before a
@@ -140,9 +146,26 @@ class HybridHashTables(EmbeddingStorage):
         with tf.init_scope():
             self.write_back()       # the rows trained so far, and the previous optimizer's slots
             self.optimizer = optimizer
-            self._slots = [next(iter(optimizer.keras_slots(m.variable).values()), None)
+            self._slots = [[optimizer.keras_slots(m.variable)[s] for s in optimizer.slot_names]
                            for m in self.layout.members]
+            self._hold_slots(max(1, len(optimizer.slot_names)))
             self.read_back()
+
+    def _hold_slots(self, num_slots):
+        """Makes the table's rows and the hot tier hold `num_slots` slots each."""
+        if num_slots == self.table.num_slots:
+            return
+        if self.hot is not None:
+            self.hot.write_back(self.table)     # its rows and counts, before the table changes shape
+        self.table.set_num_slots(num_slots)
+        if self.hot is not None:
+            # The tier keeps its bytes (hot_storage_bytes), and read_back loads its hot set again.
+            old, dim = self.hot, self.layout.dim
+            capacity = old.capacity * hot_row_bytes(dim, len(old.slots)) // hot_row_bytes(dim, num_slots)
+            self.hot = (HotTier(capacity, dim, old.warmup, old.refresh_every, self.layout.name, old.device, num_slots)
+                        if capacity else None)
+            self.all_hot = self.hot is not None and capacity >= len(self.keys())
+            self._carried_hot = old.held_keys()
 
     def apply_fetched(self, keys, row_grads, iteration):
         """Updates the rows of the distinct `keys` from their summed gradients (in the
@@ -158,7 +181,7 @@ class HybridHashTables(EmbeddingStorage):
             miss = tf.logical_not(hit)
             cold_keys, cold_grads = tf.boolean_mask(keys, miss), tf.boolean_mask(row_grads, miss)
         applied.append(apply_to_table(self.table, table_update(self.optimizer, self.layout, iteration),
-                                      cold_keys, cold_grads))
+                                      cold_keys, cold_grads, self.optimizer.changes_only_gradient_rows(False)))
         with tf.control_dependencies(applied):
             counted = self.updates.assign_add(1)
         if self.hot is None or not self.scheduled_refresh:
@@ -167,19 +190,21 @@ class HybridHashTables(EmbeddingStorage):
             return tf.cond(self.hot.due(tf.convert_to_tensor(iteration, tf.int64)), self._refresh, tf.no_op)
 
     def _apply_hot(self, positions, row_grads, iteration):
-        """The update of the hot rows at `positions` (each once)."""
-        slots = {"accumulator": self.hot.slot} if self.optimizer.slot_names else {}
+        """The update of the hot rows at `positions` (each once; Keras' exact Adam decays
+        the others too)."""
+        slots = dict(zip(self.optimizer.slot_names, self.hot.slots))
         return self.hot.apply(positions, row_grads,
-                              self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False))
+                              self.optimizer.update(self.hot.rows, slots, iteration, apply_weight_decay=False),
+                              lazy=self.optimizer.changes_only_gradient_rows(apply_weight_decay=False))
 
     def _current(self):
-        """Every key's (values, slot, counts, last steps), keys increasing: the table's,
-        with the hot tier's rows where they are hot."""
+        """Every key's (values, slots [num_slots, n, dim], counts, last steps), keys
+        increasing: the table's, with the hot tier's rows where they are hot."""
         exported = self.table.export()
-        values, slot, counts = exported.values, exported.slots[0], exported.counts
+        values, slots, counts = exported.values, exported.slots, exported.counts
         if self.hot is not None:
-            values, slot, counts = self.hot.current(exported.keys, values, slot, counts)
-        return exported.keys, values, slot, counts, exported.last_steps
+            values, slots, counts = self.hot.current(exported.keys, values, slots, counts)
+        return exported.keys, values, slots, counts, exported.last_steps
 
     def _refresh(self):
         """Algorithm 1, L23-26: the hot rows and counts go back to the table, and the
@@ -242,26 +267,25 @@ class HybridHashTables(EmbeddingStorage):
         now = int(self.updates.numpy())
         if self._written_at == now and self._state_at == now:
             return
-        keys, values, slot, counts, _ = self._current()
+        keys, values, slots, counts, _ = self._current()
         sizes = [len(self._held(m)) for m in self.layout.members]
         if int(tf.size(keys)) != sum(sizes):
             raise AssertionError(f"picasso_tf: hash storage {self.name} holds {int(tf.size(keys))} rows, "
                                  f"not its tables' {sum(sizes)}; please report this model")
         if self._written_at != now:
             # Keys sort member by member, row by row: the rows are the (held rows of the) tables concatenated.
-            for member, rows, keras_slot, slot_rows in zip(self.layout.members, tf.split(values, sizes),
-                                                           self._slots or [None] * len(sizes), tf.split(slot, sizes)):
+            for m, (member, rows) in enumerate(zip(self.layout.members, tf.split(values, sizes))):
                 member.variable.assign(self._whole(rows, member, "rows"))
-                if keras_slot is not None:
-                    keras_slot.assign(self._whole(slot_rows, member, "slot"))
+                for s, keras_slot in enumerate(self._slots[m] if self._slots else []):
+                    slot_rows = tf.split(slots[s], sizes)[m]
+                    keras_slot.assign(self._whole(slot_rows, member, f"slot_{self.optimizer.slot_names[s]}"))
             self._written_at = now
         self._keep_state(counts, sizes)
 
     def _keep_state(self, counts, sizes):
         """Keeps, per member table, every row's count and its hot row ids (whole: from
         every rank when sharded), for the next checkpoint written before a step."""
-        hot_keys = self.hot.keys.numpy() if self.hot is not None else np.zeros(0, np.int64)
-        hot_keys = hot_keys[hot_keys != EMPTY]
+        hot_keys = self.hot.held_keys() if self.hot is not None else np.zeros(0, np.int64)
         state = []
         for m, (member, member_counts) in enumerate(zip(self.layout.members, tf.split(counts, sizes))):
             hot = hot_keys[hot_keys >> ID_BITS == m] & ID_MASK
@@ -329,17 +353,19 @@ class HybridHashTables(EmbeddingStorage):
         keys = self.keys()
         held = [self._held(m) for m in members]
         values = tf.concat([tf.gather(m.variable, h) for m, h in zip(members, held)], 0)
-        slot = tf.concat([tf.gather(s, h) if s is not None else tf.zeros([len(h), self.layout.dim])
-                          for h, s in zip(held, self._slots or [None] * len(members))], 0)
+        # Slots the optimizer does not use (SGD's one, before one is bound) hold zeros.
+        slots = tf.stack([tf.concat([tf.gather(self._slots[m][s], h) if self._slots and s < len(self._slots[m])
+                                     else tf.zeros([len(h), self.layout.dim]) for m, h in enumerate(held)], 0)
+                          for s in range(self.table.num_slots)])
         counts = self._current()[3].numpy() if self._written_at is not None else np.zeros(len(keys), np.int64)
         first = np.cumsum([0] + [len(h) for h in held])
         for m, (restored_counts, _) in self._restored.items():
             counts[first[m]:first[m + 1]] = restored_counts[held[m]]
         hot = self._hot_after_read(keys, counts, held) if self.hot is not None else None
-        self.table.import_(keys, values, slot[None], counts)
+        self.table.import_(keys, values, slots, counts)
         if self.hot is not None:
             self.hot.load(self.table, keys[hot])
-        self._restored = {}
+        self._restored, self._carried_hot = {}, None
         self._written_at, self._state_at = int(self.updates.numpy()), None
 
     def _hot_after_read(self, keys, counts, held):
@@ -349,7 +375,7 @@ class HybridHashTables(EmbeddingStorage):
         smaller key)."""
         if self.all_hot:
             return np.arange(len(keys))
-        kept = self.hot.loaded(tf.constant(keys)).numpy()
+        kept = np.searchsorted(keys, self.hot.held_keys() if self._carried_hot is None else self._carried_hot)
         chosen = [kept[np.isin(keys[kept] >> ID_BITS, list(self._restored), invert=True)]]
         for m, (_, hot) in self._restored.items():
             mine = hot[np.isin(hot, held[m], assume_unique=True)]
@@ -481,17 +507,21 @@ def _of_this_graph(records):
     return [r for r in records if r[-1].graph is graph]
 
 
-def check_hash_optimizer(optimizer, layout, option):
-    """Refuses by name an optimizer (a RowSparseOptimizer) whose updates the hash table's
-    ops do not implement, for the group `layout` kept in hash tables by `option`."""
+def check_hash_optimizer(optimizer, layout, option, updates):
+    """Refuses by name an optimizer (a RowSparseOptimizer) whose updates are not among
+    `updates` (the hash table's kernels that `option`'s storage applies), for the group
+    `layout` kept in hash tables by `option`."""
     with tf.init_scope():
         update = table_update(optimizer, layout, tf.constant(0, tf.int64))
     keras_name = type(optimizer.optimizer).__name__
-    if update.optimizer not in HASH_UPDATES or (update.optimizer == "sgd" and optimizer.slot_names):
+    amsgrad = "vhat" in optimizer.slot_names
+    if update.optimizer not in updates or (update.optimizer == "sgd" and optimizer.slot_names) or amsgrad:
+        names = {"sgd": "SGD without momentum", "adagrad": "Adagrad", "adam": "Adam (no AMSGrad)"}
         raise UnsupportedModelError(
-            f"picasso_tf: {option} stores group {layout.name} in hash tables, which are updated by SGD "
-            f"without momentum or Adagrad only; the model is compiled with {keras_name}. Compile with one of "
-            f"those, or turn {option.split('=')[0]} off")
+            f"picasso_tf: {option} stores group {layout.name} in hash tables, which are updated by "
+            f"{' or '.join(names[u] for u in updates)} only; the model is compiled with {keras_name}"
+            f"{' (amsgrad=True)' if amsgrad else ''}. Compile with one of those, or turn "
+            f"{option.split('=')[0]} off")
     if not _is_zero(update.hyper.get("weight_decay", 0.0)):
         raise UnsupportedModelError(
             f"picasso_tf: {option}: the {keras_name} optimizer decays weights "
@@ -507,11 +537,16 @@ def table_update(optimizer, layout, iteration):
                             apply_weight_decay=optimizer.applies_weight_decay_to(variable))
 
 
-def apply_to_table(table, update, keys, grads):
-    """Applies `update` (SGD or Adagrad, check_hash_optimizer) to the rows of the unique `keys` of `table`."""
+def apply_to_table(table, update, keys, grads, lazy=True):
+    """Applies `update` (check_hash_optimizer's) to the rows of the unique `keys` of
+    `table`; exact Adam (not `lazy`) decays every other row too."""
+    h = update.hyper
     if update.optimizer == "sgd":
-        return table.apply_sgd(keys, grads, update.hyper["lr"])
-    return table.apply_adagrad(keys, grads, update.hyper["lr"], update.hyper["epsilon"])
+        return table.apply_sgd(keys, grads, h["lr"])
+    if update.optimizer == "adam":
+        return table.apply_adam(keys, grads, h["lr"], h["beta1_power"], h["beta2_power"], h["one_minus_beta1"],
+                                h["one_minus_beta2"], h["epsilon"], lazy=lazy)
+    return table.apply_adagrad(keys, grads, h["lr"], h["epsilon"])
 
 
 def _is_zero(value):

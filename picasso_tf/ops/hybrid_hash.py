@@ -97,14 +97,26 @@ class HashTable:
 
     def set_slot_init(self, slot_init):
         """New keys' slots start at `slot_init` from now on (an optimizer known only after
-        the table was made); the keys held keep theirs. The table is made again under
-        its name, so that the handles functions already captured reach the new one."""
+        the table was made); the keys held keep theirs."""
+        self._remake(slot_init=float(slot_init))
+
+    def set_num_slots(self, num_slots):
+        """Makes every row hold `num_slots` optimizer slots (an optimizer known only after
+        the table was made): the first ones kept, new ones zeros."""
+        self._remake(num_slots=int(num_slots))
+
+    def _remake(self, **attrs):
+        """Makes the table again with `attrs` changed, holding what it holds, under its
+        name, so that the handles functions already captured reach the new one."""
         with tf.init_scope():
             held = self.export()
             tf.raw_ops.DestroyResourceOp(resource=self.handle, ignore_lookup_error=False)
-            self._attrs["slot_init"] = float(slot_init)
+            self._attrs.update(attrs)
+            self.num_slots = self._attrs["num_slots"]
             self.handle = load().picasso_hash_table_create(**self._attrs, shared_name=self.name)
-            self.import_(*held)
+            n, kept = tf.size(held.keys), held.slots[:self.num_slots]
+            slots = tf.concat([kept, tf.zeros([self.num_slots - tf.shape(kept)[0], n, self.dim])], 0)
+            self.import_(held.keys, held.values, slots, held.counts, held.last_steps)
 
     def __del__(self):
         # Frees the rows when the last Python reference goes (tables are large).
@@ -155,6 +167,16 @@ class HashTable:
         return load().picasso_hash_table_apply_adagrad(
             self.handle, tf.cast(keys, tf.int64), tf.convert_to_tensor(grads, tf.float32),
             tf.cast(lr, tf.float32), tf.cast(epsilon, tf.float32))
+
+    def apply_adam(self, keys, grads, lr, beta1_power, beta2_power, one_minus_beta1, one_minus_beta2, epsilon,
+                   lazy=False):
+        """Keras' Adam on unique ``keys`` (slots 0, 1 = m, v: create the table with
+        ``num_slots>=2``), as sparse_apply.adam_update: with ``lazy=False`` every other
+        row of the table decays too, as Keras' update of a row-sparse gradient does."""
+        scalars = [tf.cast(x, tf.float32) for x in (lr, beta1_power, beta2_power, one_minus_beta1,
+                                                    one_minus_beta2, epsilon)]
+        return load().picasso_hash_table_apply_adam(
+            self.handle, tf.cast(keys, tf.int64), tf.convert_to_tensor(grads, tf.float32), *scalars, lazy=lazy)
 
     def export(self):
         """Everything in the table (``Exported``), keys sorted: what a checkpoint saves."""

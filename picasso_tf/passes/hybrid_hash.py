@@ -10,6 +10,7 @@ Every other group stays read in place; the report names it and why.
 """
 import dataclasses
 
+from picasso_tf.embedding.hot_tier import hot_row_bytes
 from picasso_tf.graph.graph_def_util import GraphIndex
 from picasso_tf.passes.fetched_rows import (check_hash_storage_options, fetch_rows_per_step, table_reads,
                                            why_read_in_place)
@@ -44,7 +45,8 @@ def hybrid_hash(program, graph, config):
 def hot_rows(layouts, budget):
     """Rows of each group's hot tier: `budget` bytes shared in proportion to the groups'
     parameter volume (Eq. 1: the rows looked up most weigh most), never more than a
-    group has. A hot row costs its values and optimizer slot, its key and its count."""
+    group has; rows of one optimizer slot (an optimizer with more makes the tier hold
+    fewer, HybridHashTables.bind)."""
     volume = sum(t.param_volume for t in layouts) or 1.0
-    return {t.name: min(t.num_rows, int(budget * t.param_volume / volume) // (2 * t.dim * t.dtype.size + 16))
+    return {t.name: min(t.num_rows, int(budget * t.param_volume / volume) // hot_row_bytes(t.dim, 1, t.dtype.size))
             for t in layouts}
