@@ -125,7 +125,9 @@ class PicassoInfo:
 
     def read_back(self):
         """Makes the storage hold the original model's tables again (after they were
-        restored or assigned); every rank calls it together."""
+        restored or assigned); every rank calls it together. Refused, it changes no storage."""
+        for storage in self.storages.values():
+            storage.check_read_back()
         for storage in self.storages.values():
             storage.read_back()
 
