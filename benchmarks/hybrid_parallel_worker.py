@@ -7,6 +7,7 @@ measured to OUT_DIR/rank<R>.json.
                               [--buckets 999]             # rows of each hashed table
                               [--wire-dtype float16]      # config.wire_dtype
                               [--heldout 20000]           # AUC on these examples after training
+                              [--no-check-ids]            # config.check_ids=False
 
 Measured per rank over the timed steps (after warm-up): CPU seconds of the process
 (time.process_time: every thread of it, Horovod's background thread included) and wall
@@ -200,6 +201,8 @@ def main():
                              "of the timed runs: the counters cost a little CPU)")
     parser.add_argument("--wire-dtype", default="float32", help="config.wire_dtype")
     parser.add_argument("--heldout", type=int, default=0, help="examples held out for AUC (0: none)")
+    parser.add_argument("--no-check-ids", dest="check_ids", action="store_false",
+                        help="config.check_ids=False: a step exchanging no rows then sends no AllToAllv of ids")
     args = parser.parse_args()
     if DISTRIBUTED and args.instrument:
         install_counters()
@@ -219,7 +222,7 @@ def main():
     info = zoo.info(args.model)
     tf.keras.utils.set_random_seed(0)
     original = info.builder(schema, **(dict(info.prepare(schema, data.features)) if info.prepare else {}))
-    options = {"wire_dtype": args.wire_dtype}
+    options = {"wire_dtype": args.wire_dtype, "check_ids": args.check_ids}
     if args.replicate_below is not None:
         options["replicate_tables_below"] = args.replicate_below
     began = time.perf_counter()

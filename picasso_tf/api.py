@@ -125,7 +125,9 @@ class PicassoInfo:
 
     def read_back(self):
         """Makes the storage hold the original model's tables again (after they were
-        restored or assigned); every rank calls it together."""
+        restored or assigned); every rank calls it together. Refused, it changes no storage."""
+        for storage in self.storages.values():
+            storage.check_read_back()
         for storage in self.storages.values():
             storage.read_back()
 
@@ -264,9 +266,16 @@ class PicassoModel(tf.keras.Model):
                      if k in (RowShardedTables.kind, HybridHashTables.sharded_kind)
                      or (world.distributed and k == DynamicVocabularyTables.kind)]
         hashed = [storages[n] for n, k in kinds.items() if k in HASHED_IN_PROCESS]
-        fetch = {training: RowExchange(exchanged, world, check_ids, training, config.wire_dtype) if exchanged else
+        # Under Horovod the ids of tables read in place are checked with the other ranks' in
+        # the exchange's ids AllToAllv; a training step without one sends it for them alone
+        # (its Allreduce would wait for a rank whose kernel refused an id). An inference
+        # step without one has no collective to leave waiting.
+        check_in_place = world.distributed and check_ids
+        fetch = {training: RowExchange(exchanged, world, check_ids, training, config.wire_dtype)
+                 if exchanged or (check_in_place and training) else
                  HashRowFetch(hashed, training, check_ids) if hashed else None for training in (True, False)}
-        self._forward = {training: RewrittenForward(program.graphs[name], storages, fetch[training])
+        self._forward = {training: RewrittenForward(program.graphs[name], storages, fetch[training],
+                                                    check_in_place and isinstance(fetch[training], RowExchange))
                          for training, name in ((True, "training"), (False, "inference"))}
         analysis = program.analyses["training"]
         storage_tables = [v for s in storages.values() for v in s.variables()]

@@ -91,7 +91,8 @@ def test_bloom_counters_restore_on_one_process_or_as_many_ranks_else_are_refused
                                                                                  restored_by, format):
     """Into one process, a 2-rank checkpoint's Bloom filter is the sum of the ranks'
     (one process's filter, as above); into as many ranks, each rank's own; the filters
-    of another number of ranks cannot be split by owner, and are refused by name."""
+    of another number of ranks cannot be split by owner, and are refused by name,
+    changing nothing."""
     run = "adagrad-admit2-bloom"
     launch([tmp_path, "--runs", run, "--restore", trained / f"ckpt{saved_by}", "--format", format], restored_by)
     if restored_by not in (1, saved_by):
@@ -102,6 +103,8 @@ def test_bloom_counters_restore_on_one_process_or_as_many_ranks_else_are_refused
                              f"\\(admission_filter='bloom'\\) were saved by {saver}, and this model runs on "
                              f"{restored_by} ranks", error), error
             assert "admission_filter='exact'" in error
+            # Refused before any table or filter took anything of the checkpoint.
+            assert json.load(open(tmp_path / f"{run}.rank{rank}.json"))["unchanged"]
         return
     saved = [bloom_counters(trained / f"out{saved_by}" / f"{run}.rank{r}.npz") for r in range(saved_by)]
     for rank in range(restored_by):

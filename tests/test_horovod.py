@@ -9,13 +9,17 @@ import pytest
 
 hvd = pytest.importorskip("horovod.tensorflow", reason="horovod is built by scripts/setup_env.sh")
 WORKERS = os.path.join(os.path.dirname(__file__), "workers")
+# The workers import this checkout's picasso_tf, not the one an editable install in a
+# shared environment points at (a git worktree's tests would run another tree's code).
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), os.environ.get("PYTHONPATH")])))
 
 
 def horovodrun(script, out_dir, np=2):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     cmd = [horovodrun, "-np", str(np), "-H", f"localhost:{np}", "--gloo",
            sys.executable, os.path.join(WORKERS, script), str(out_dir)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.load(open(out_dir / f"rank{r}.json")) for r in range(np)]
 
@@ -47,7 +51,7 @@ def horovodrun_worker(args, np_, timeout=400, worker="hybrid_training.py"):
     if np_ > 1:
         script = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(np_),
                   "-H", f"localhost:{np_}", "--gloo"] + script
-    return subprocess.run(script, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(script, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
 def check_ran(done):

@@ -41,6 +41,13 @@ matching the next step's). So the ids' AllToAllv itself carries it, at no cost t
 good step: a rank with an invalid id sends every rank, in place of its keys, one record
 naming the request and the id (_reported), and every rank finds it among what it
 received and raises the same error, before serving anything (_refuse_reported).
+
+A table read in place (replicated: too small to shard, or frozen) has its ids checked
+by the fused kernels, which would fail on their rank alone. So its sites' ids are
+checked here too (``in_place``), reported like the exchanged ones, and reach the
+kernels only once no rank reported one. A step with no exchanged group still sends the
+ids' AllToAllv for them, holding no keys (``RowExchange([])``): the only collective
+before the forward pass, which the Allreduce of the gradients comes after.
 """
 import tensorflow as tf
 
@@ -80,9 +87,11 @@ class RowExchange:
         self.first_row_of_table = tf.constant([s.first_row(m) if s else 0 for s, (_, m) in zip(sharded, tables)],
                                               tf.int64)
 
-    def fetch(self, requests):
-        """requests: [(ExchangedIds, ids tensor)]. Returns ({group name: fetched rows},
-        [positions tensor per request, shaped and typed as its ids])."""
+    def fetch(self, requests, in_place=()):
+        """requests: [(ExchangedIds, ids tensor)]; in_place: [(feature, rows, ids tensor)]
+        of the sites whose tables the kernels read in place. Returns ({group name:
+        fetched rows}, [positions tensor per request, shaped and typed as its ids] + [the
+        ids of each in-place site, once every rank found its own in their tables])."""
         size, groups = self.world.size, len(self.storages)
         keys, remap, counts, invalid = [], [], [], []
         for x, _ in requests:
@@ -96,14 +105,24 @@ class RowExchange:
             if bad is not None:
                 flag, request, value = bad
                 invalid.append((flag, tf.gather(tf.constant(own, tf.int32), request), value))
+        if in_place:
+            flag, site, value = first_invalid([rows for _, rows, _ in in_place],
+                                              flat_ids([ids for _, _, ids in in_place]))
+            invalid.append((flag, site + len(requests), value))     # numbered after the requests
         # One buffer, owner-major: for each owner, group by group.
-        send = tf.concat([keys[g][d] for d in range(size) for g in range(groups)], 0)
-        send_splits = tf.add_n(counts)
+        send = tf.concat([keys[g][d] for d in range(size) for g in range(groups)] +
+                         [tf.zeros([0, 2] if self.wide else [0], tf.int64)], 0)
+        send_splits = tf.add_n(counts + [tf.zeros([size], tf.int32)])
         if invalid:
             send, send_splits = self._reported(invalid, send, send_splits)
         received, received_splits = hvd().alltoall(send, splits=send_splits, name="picasso_exchange_ids")
         if invalid:
-            received = self._refuse_reported(requests, received, received_splits)
+            features = [x.feature for x, _ in requests] + [feature for feature, _, _ in in_place]
+            received = self._refuse_reported(features, self._limits(requests, in_place), received, received_splits)
+        with tf.control_dependencies([received]):
+            checked = [tf.identity(ids) for _, _, ids in in_place]
+        if not self.storages:
+            return {}, checked
         rows_back, back_splits = self._serve(received, received_splits)
         fetched = alltoall_rows(rows_back, back_splits, "picasso_exchange_rows", self.wire_dtype)
 
@@ -116,7 +135,12 @@ class RowExchange:
         for own, site_positions in remap:
             for i, p in zip(own, site_positions):
                 positions[i] = p
-        return rows, positions
+        return rows, positions + checked
+
+    def _limits(self, requests, in_place):
+        """The rows of each request's table, then of each in-place site's."""
+        storages = {s.name: s for s in self.storages}
+        return [storages[x.group].layout.members[x.member].rows for x, _ in requests] + [r for _, r, _ in in_place]
 
     def _request(self, storage, requests):
         """One group's deduplicated keys per owner, each request's positions in the
@@ -131,9 +155,9 @@ class RowExchange:
         if storage.kind == DynamicVocabularyTables.kind:
             unique, index, sizes, owner = self._raw_keys(storage, requests)
         else:
-            flat = flat_ids(requests)
+            flat = flat_ids([ids for _, ids in requests])
             if self.check_ids:
-                bad = first_invalid(storage.layout, requests, flat)
+                bad = first_invalid([storage.layout.members[x.member].rows for x, _ in requests], flat)
                 # Such a batch is reported instead of sent (fetch): its ids need only find an owner.
                 flat = tf.cond(bad[0], lambda: [tf.zeros_like(f) for f in flat], lambda: flat)
             keys, sizes = keys_of_ids(requests, flat, self.first_table[storage.name]), [tf.size(f) for f in flat]
@@ -167,11 +191,12 @@ class RowExchange:
             return tf.tile(record, [size, 1] if self.wide else [size]), tf.fill([size], tf.shape(record)[0])
         return tf.cond(tf.reduce_any(flags), report, lambda: (send, send_splits))
 
-    def _refuse_reported(self, requests, received, received_splits):
+    def _refuse_reported(self, features, limits, received, received_splits):
         """`received`, once no rank reported an invalid id (_reported's record heads the
         part it sent); else the error every rank raises alike, naming the first reporting
-        rank, the feature and the id, before any table of any rank changes and before
-        any other collective, so that every rank can go on to the next step."""
+        rank, the feature and the id (features, limits: per request numbered as
+        reported), before any table of any rank changes and before any other
+        collective, so that every rank can go on to the next step."""
         tag = received[:, 0] if self.wide else received
         starts = tf.cumsum(received_splits, exclusive=True)
         head = tf.gather(tf.concat([tag, tf.zeros([1], tf.int64)], 0), starts)     # a sender's first key
@@ -182,9 +207,7 @@ class RowExchange:
             request = tf.cast(-1 - tf.gather(head, sender), tf.int32)
             at = tf.gather(starts, sender)
             value = received[at, 1] if self.wide else received[at + 1]
-            storages = {s.name: s for s in self.storages}
-            limits = [storages[x.group].layout.members[x.member].rows for x, _ in requests]
-            message = invalid_id_message([x.feature for x, _ in requests], limits, request, value, rank=sender)
+            message = invalid_id_message(features, limits, request, value, rank=sender)
             with tf.control_dependencies([tf.debugging.Assert(False, message, summarize=1)]):
                 return tf.constant(False)
 

@@ -47,7 +47,8 @@ it does not saturate it admits what one process's would; a checkpoint holds the 
 the ranks' counters, which is one process's filter, under its name, and each rank's
 beside it (AdmissionState): it restores into one process or into as many ranks, and a
 restore into another number of ranks is refused, one filter's counters not being
-divisible by owner.
+divisible by owner. Under several ranks a restore's tables wait for read_back with its
+counters, which checks them all first: a refused restore changes no table and no filter.
 """
 import dataclasses
 import zlib
@@ -101,6 +102,7 @@ class DynamicVocabularyTables(EmbeddingStorage):
         self._gathered, self._gathered_at = None, None   # write_back's per member state (several ranks)
         self._gathered_admission = None     # and per member its Bloom counters, {AdmissionState part: tensor}
         self._restored_admission = {}       # member -> {part: counters} a restore read, until read_back
+        self._restored_tables = {}          # member -> the state a restore read (several ranks), until read_back
         self.optimizer = None       # the RowSparseOptimizer it was bound to
         capacity = min(options.capacity or 1024, 1 << 20)
         self.tables = [HashTable(layout.dim, num_slots=1, initializer=init, seed=_seed(init, m.name),
@@ -277,19 +279,26 @@ class DynamicVocabularyTables(EmbeddingStorage):
                                         for m, f in enumerate(self.filters)]
             self._gathered_at = now
 
-    def read_back(self):
-        """Several ranks: makes each Bloom filter whose counters a restore read (AdmissionState)
-        hold this rank's own counters of the checkpoint; refuses (changing no filter, and
-        again at the next call) those of a checkpoint written by one process or another
-        number of ranks (one filter of every key cannot be split by owner), or with
-        another bloom_filter_counters."""
-        restored = self._restored_admission
-        for member, parts in sorted(restored.items()):
+    def check_read_back(self):
+        """Refuses the Bloom counters a restore read (AdmissionState) of a checkpoint
+        written by one process or another number of ranks (one filter of every key cannot
+        be split by owner), or with another bloom_filter_counters; they stay for the next
+        read_back to refuse too."""
+        for member, parts in sorted(self._restored_admission.items()):
             shape = parts["by_rank"].shape if "by_rank" in parts else (1,) + parts["total"].shape
             if shape != (self.world.size, self.filters[member].size):
-                raise self._admission_refusal(member, shape)    # kept: a second read_back refuses too
-        self._restored_admission = {}
-        for member, parts in restored.items():
+                raise self._admission_refusal(member, shape)
+
+    def read_back(self):
+        """Several ranks: once check_read_back passes, imports the keys this rank owns of
+        the tables a restore read and makes each Bloom filter whose counters it read hold
+        this rank's own counters of the checkpoint; a refused restore changes nothing."""
+        self.check_read_back()
+        tables, self._restored_tables = self._restored_tables, {}
+        admission, self._restored_admission = self._restored_admission, {}
+        for member, state in tables.items():
+            self._import(member, self._owned(state))
+        for member, parts in admission.items():
             self.filters[member].counters.assign(parts["by_rank"][self.world.rank])
 
     def checkpoint_children(self):
@@ -400,10 +409,18 @@ class DynamicVocabularyTables(EmbeddingStorage):
 
     def restore(self, member, state):
         """Takes a checkpoint's `state` (VocabularyState's tensors) of member table
-        number `member`: several ranks, the keys this rank owns, whatever the number of
-        ranks that saved it. Evicts down to the capacity if it holds more. Returns the op."""
+        number `member`: one process, now; several ranks, at read_back (the keys this
+        rank owns, whatever the number of ranks that saved it), so that a refused restore
+        changes no table. Returns the op."""
         if self.world.distributed:
-            state = self._owned(state)
+            names = sorted(state)
+            return restore_with_numpy(lambda *arrays: self._restored_tables.update({member: dict(zip(names, arrays))}),
+                                      [state[n] for n in names])
+        return self._import(member, state)
+
+    def _import(self, member, state):
+        """Makes member table `member` hold `state`, evicted down to the capacity if it
+        holds more. Returns the op."""
         self._gathered_at = None
         table, counter = self.tables[member], self.filters[member]
         restored = [table.import_(state["keys"], state["values"], state["slots"], state["counts"],

@@ -27,15 +27,15 @@ def keys_of(layout, requests, first_table, check_ids=True):
     """The keys of every id of `requests` ([(ExchangedIds, ids)] of the group `layout`,
     whose member m is table number first_table + m), requests after one another, and
     the number of ids in each request."""
-    flat = flat_ids(requests)
+    flat = flat_ids([ids for _, ids in requests])
     if check_ids:
         flat = _checked(layout, requests, flat)
     return keys_of_ids(requests, flat, first_table), [tf.size(f) for f in flat]
 
 
-def flat_ids(requests):
-    """The ids of each request, as an int64 vector."""
-    return [tf.reshape(tf.cast(ids, tf.int64), [-1]) for _, ids in requests]
+def flat_ids(tensors):
+    """Each tensor of ids as an int64 vector."""
+    return [tf.reshape(tf.cast(ids, tf.int64), [-1]) for ids in tensors]
 
 
 def keys_of_ids(requests, flat, first_table):
@@ -80,12 +80,11 @@ def table_number(keys):
     return tf.cast(tf.bitwise.right_shift(keys, tf.constant(ID_BITS, tf.int64)), tf.int32)
 
 
-def first_invalid(layout, requests, flat):
-    """(whether an id of `requests` ([(ExchangedIds, ids)] of the group `layout`; `flat`:
-    their ids, int64 vectors) lies outside its table, the index of the first request
-    holding one (int32), that id (int64)). One comparison per id; the index and the id
-    are searched for only when there is one (else 0, 0)."""
-    rows = [layout.members[x.member].rows for x, _ in requests]
+def first_invalid(rows, flat):
+    """(whether an id of the requests `flat` (their ids, int64 vectors; `rows`: each
+    one's table's rows) lies outside its table, the index of the first request holding
+    one (int32), that id (int64)). One comparison per id; the index and the id are
+    searched for only when there is one (else 0, 0)."""
     bad = tf.reduce_any(tf.stack([tf.reduce_any(tf.logical_or(f < 0, f >= r)) for f, r in zip(flat, rows)]))
 
     def find():
@@ -115,11 +114,11 @@ def _checked(layout, requests, flat):
     """The ids, with an error naming the feature and the id unless every id lies in
     its table (an id outside would be fetched from a wrong row). The message is
     assembled only when it fails."""
-    bad, request, value = first_invalid(layout, requests, flat)
+    rows = [layout.members[x.member].rows for x, _ in requests]
+    bad, request, value = first_invalid(rows, flat)
 
     def fail():
-        message = invalid_id_message([x.feature for x, _ in requests],
-                                     [layout.members[x.member].rows for x, _ in requests], request, value)
+        message = invalid_id_message([x.feature for x, _ in requests], rows, request, value)
         with tf.control_dependencies([tf.debugging.Assert(False, message, summarize=1)]):
             return tf.constant(False)
 

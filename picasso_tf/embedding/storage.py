@@ -73,6 +73,10 @@ class EmbeddingStorage:
     def read_back(self):
         raise NotImplementedError
 
+    def check_read_back(self):
+        """Refuses, changing nothing, what a restore read that read_back cannot take (every
+        storage checks before any reads back); nothing to refuse by default."""
+
     def checkpoint_children(self):
         return {}
 

@@ -67,6 +67,19 @@ def why_read_in_place(layout, read, index):
     return None
 
 
+def in_place_sites(graph_def, exchanged):
+    """[(ids tensor, feature, rows)] of the fused lookups' sites that read their table in
+    place: those whose ids are not among `exchanged` (ExchangedIds placeholders), with
+    the bound their kernel checks the ids against."""
+    sites = []
+    for node in graph_def.node:
+        if node.op in FUSED_LOOKUPS:
+            ids = [canonical(i) for i in node.input[node.attr["G"].i:][:len(node.attr["table_index"].list.i)]]
+            names, vocab = node.attr["feature_names"].list.s, node.attr["vocab_sizes"].list.i
+            sites += [(t, name.decode(), rows) for t, name, rows in zip(ids, names, vocab) if t not in exchanged]
+    return sites
+
+
 def fetch_rows_per_step(program, graph, groups, reads, kind, positions_bound=None):
     """`program` with graph `graph` rewritten so that the groups `groups` (name ->
     TableLayout, each read by the ReadTables node `reads[name]`) are fetched per step,

@@ -31,6 +31,7 @@ from picasso_tf.distributed.world import World, hvd
 from picasso_tf.graph.graph_def_util import split_off
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
 from picasso_tf.ops.in_gradient import update_tables_in_gradient
+from picasso_tf.passes.fetched_rows import in_place_sites
 from picasso_tf.program import ExchangedIds, FetchedRows, StorageRef
 from picasso_tf.runtime.dense_update import KerasDenseUpdate
 from picasso_tf.runtime.fused_update import InGradientUpdates, _captured_from
@@ -42,16 +43,20 @@ class RewrittenForward:
     fetched per step, `fetch` (the exchange of hybrid parallelism,
     picasso_tf.distributed.exchange.RowExchange, or the hash storage's HashRowFetch)
     feeds its FetchedRows and ExchangedIds placeholders: the graph's ids are computed
-    first, the rows fetched, and then the rest of the graph runs."""
+    first, the rows fetched, and then the rest of the graph runs. With check_in_place
+    (under Horovod; `fetch` a RowExchange) the ids of the tables the kernels read in
+    place are computed first too, and reach the kernels once every rank has checked its
+    own (exchange.py), so that an invalid one fails every rank alike."""
 
-    def __init__(self, captured, storages, fetch=None):
+    def __init__(self, captured, storages, fetch=None, check_in_place=False):
         self.captured = captured
         self.captures = {name: storages[v.group].kernel_inputs()[v.member] if isinstance(v, StorageRef) else v
                          for name, v in captured.captures.items()
                          if not isinstance(v, (FetchedRows, ExchangedIds))}
         self.requests = {name: v for name, v in captured.captures.items() if isinstance(v, ExchangedIds)}
         self.fetched = {name: v for name, v in captured.captures.items() if isinstance(v, FetchedRows)}
-        self.fetch = fetch if self.requests else None
+        self.in_place = in_place_sites(captured.graph_def, self.requests) if check_in_place else []
+        self.fetch = fetch if self.requests or self.in_place else None
 
     def __call__(self, inputs):
         c = self.captured
@@ -77,9 +82,10 @@ class RewrittenForward:
     def _fetched(self, inputs):
         """What the FetchedRows and ExchangedIds placeholders take: the part of the graph computing the ids
         runs first (its results then feed the whole graph's copy of it), the rows are
-        fetched, and each site's ids become positions in its group's rows."""
+        fetched, and each site's ids become positions in its group's rows; and the
+        in-place sites' ids, once checked, in place of theirs."""
         c = self.captured
-        ids = sorted({v.ids for v in self.requests.values()})
+        ids = sorted({v.ids for v in self.requests.values()} | {t for t, _, _ in self.in_place})
         prefix, consumed = split_off(c.graph_def, ids)
         present = {n.name for n in prefix.node}
         fed = [(t, x) for t, x in zip(c.input_tensors, inputs) if t.split(":")[0] in present]
@@ -88,7 +94,11 @@ class RewrittenForward:
                                 name="picasso_ids")
         by_name = dict(zip(ids + consumed, values))
         names = list(self.requests)
-        rows, positions = self.fetch.fetch([(self.requests[n], by_name[self.requests[n].ids]) for n in names])
+        requests = [(self.requests[n], by_name[self.requests[n].ids]) for n in names]
+        in_place = [(feature, rows, by_name[t]) for t, feature, rows in self.in_place]
+        # Only a RowExchange checks in-place ids (check_in_place).
+        rows, positions = self.fetch.fetch(requests, in_place) if in_place else self.fetch.fetch(requests)
+        names += [t for t, _, _ in self.in_place]
         return {**{t: by_name[t] for t in consumed}, **dict(zip(names, positions)),
                 **{name: rows[v.group] for name, v in self.fetched.items()}}
 

@@ -1,20 +1,23 @@
 """A batch with an id outside its table on one rank only, under `horovodrun -np 2 --gloo`,
 for tests/test_horovod_bad_ids.py.
 
-    bad_ids.py OUT_DIR --model hashed|vocabulary
+    bad_ids.py OUT_DIR --model hashed|vocabulary|replicated|mixed
 
 "hashed": hybrid_training's model with hash-backed tables (hybrid_hash=True, a small
 hot tier), the bad id a user's (5000; the table has 1000 rows). "vocabulary":
 vocabulary_training's model (dynamic vocabularies with admit_after=2, whose raw keys
 make the exchange send pairs, beside a row-sharded table), the bad id a city's (500;
-50 rows). Each trains with Adagrad, one global batch per step: 3 steps, then a step
+50 rows). "replicated": hybrid_training's model as picasso_tf.optimize makes it by
+default, every table small enough to stay whole on each rank, the bad id a user's.
+"mixed": the same with its 8-wide group (user, item, city) row-sharded and its 4-wide
+one (flag, history) replicated, the bad id a history's (5000; 500 rows). Each trains with Adagrad, one global batch per step: 3 steps, then a step
 whose bad id is in rank 1's share only, whose error every rank catches, then 3 more
 steps; and a second model the same 6 good steps with no bad one. Every rank writes
 OUT_DIR/rankR.json: the error it caught, whether everything it holds of the model
 (weights, shards, hash tables with their counts, hot tiers, vocabularies, optimizer
 variables) stayed as it was over the refused step, and is equal to the undisturbed
 model's at the end, the losses of both models' good steps (mean over the ranks), and
-the collectives of a training step's graph.
+the collectives of a training step's graph, and the distribute pass's report.
 """
 import argparse
 import json
@@ -28,14 +31,18 @@ import picasso_tf
 import vocabulary_training
 from hybrid_training import OPTIMIZERS, collectives, hvd, rank_share, world
 
-MODELS = {"hashed": (hybrid_training, "user", 5000), "vocabulary": (vocabulary_training, "city", 500)}
+MODELS = {"hashed": (hybrid_training, "user", 5000), "vocabulary": (vocabulary_training, "city", 500),
+          "replicated": (hybrid_training, "user", 5000), "mixed": (hybrid_training, "history", 5000)}
+# hybrid_training's groups: 8-wide 1703 rows (54,496 bytes), 4-wide 501 rows (8,016 bytes).
+OPTIONS = {"hashed": dict(replicate_tables_below=0, hybrid_hash=True, hot_storage_bytes=2000, hot_warmup_steps=1,
+                          hot_refresh_every=2),
+           "replicated": {}, "mixed": dict(replicate_tables_below=20000)}
 
 
 def make(name):
     if name == "vocabulary":
         return vocabulary_training.make("adagrad-admit2")
-    model = picasso_tf.optimize(hybrid_training.build(), replicate_tables_below=0, hybrid_hash=True,
-                                hot_storage_bytes=2000, hot_warmup_steps=1, hot_refresh_every=2)
+    model = picasso_tf.optimize(hybrid_training.build(), **OPTIONS[name])
     model.compile(OPTIMIZERS["adagrad"](), "binary_crossentropy")
     return model
 
@@ -90,7 +97,9 @@ def main():
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump({"size": size, "error": error, "unchanged": unchanged, "losses": losses, "expected": expected,
                    "same_state": equal(state(model), state(undisturbed)),
-                   "collectives": collectives(model, tf.data.Dataset.from_tensors(batches[0]))}, f)
+                   "collectives": collectives(model, tf.data.Dataset.from_tensors(batches[0])),
+                   "distribute": next(p for p in model.picasso.reports["training"]["passes"]
+                                      if p["pass"] == "distribute")}, f, default=str)
 
 
 if __name__ == "__main__":

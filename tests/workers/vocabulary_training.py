@@ -18,7 +18,8 @@ filters' counters ("TABLE|bloom").
 --save writes DIR/RUN/weights (save_weights) and DIR/RUN/checkpoint (tf.train.Checkpoint
 after model.picasso.write_back() on every rank, written by rank 0); --restore reads one
 of them (--format) instead of training; where the restore is refused, every rank writes
-OUT_DIR/RUN.rankR.json with the error. --crowd trains 3 steps with vocabulary_capacity
+OUT_DIR/RUN.rankR.json with the error and whether its tables and Bloom filters stayed as
+they were. --crowd trains 3 steps with vocabulary_capacity
 48, then a batch whose 64 distinct user ids rank 1 owns, and writes OUT_DIR/crowd.rankR.json:
 the error each rank got, whether its tables stayed as they were, the loss of one more
 step, the collectives of a step's graph, and (rank 0) the error of a tf.train.Checkpoint
@@ -93,6 +94,18 @@ def exported(model):
             if s.kind == "dynamic_vocabulary" for m, table in zip(s.layout.members, s.tables)}
 
 
+def held(model):
+    """What this rank's tables hold (keys, rows, slots, lookup counts, last steps) and its
+    Bloom filters' counters, as NumPy arrays."""
+    arrays = [a.numpy() for table in exported(model).values() for a in table]
+    return arrays + [f.counters.numpy() for s in model.picasso.storages.values()
+                     for f in getattr(s, "filters", ()) if isinstance(f, BloomCounts)]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 def write_vocabulary(model, path):
     arrays = {}
     for name, (keys, rows) in model.picasso.vocabulary().items():
@@ -113,6 +126,7 @@ def run(args, name, size, rank):
     report = {"size": size}
     if args.restore:
         path = os.path.join(args.restore, name, args.format)
+        before = held(model)
         try:
             if args.format == "weights":
                 model.load_weights(path)
@@ -122,7 +136,7 @@ def run(args, name, size, rank):
         except (ValueError, tf.errors.OpError) as e:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, f"{name}.rank{rank}.json"), "w") as f:
-                json.dump({"restore_error": str(e)}, f)
+                json.dump({"restore_error": str(e), "unchanged": same(before, held(model))}, f)
             return
     else:
         losses = MeanLosses()
@@ -156,15 +170,13 @@ def crowd(args, size, rank):
     x, y = shares[3]
     per = GLOBAL_BATCH // size
     crowded = dict(x, user=owned_by_one[rank * per:(rank + 1) * per, None])
-    before = exported(model)
+    before = held(model)
     error = None
     try:
         model.train_on_batch(crowded, y)
     except tf.errors.InvalidArgumentError as e:
         error = e.message
-    after = exported(model)
-    # Keys, rows, slots, lookup counts and last steps alike.
-    unchanged = all(np.array_equal(a.numpy(), b.numpy()) for name in before for a, b in zip(before[name], after[name]))
+    unchanged = same(before, held(model))
     loss = float(model.train_on_batch(x, y, return_dict=True)["loss"])
     counts = collectives(model, tf.data.Dataset.from_tensors((x, y)))
     unsaved = None
