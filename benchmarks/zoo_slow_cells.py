@@ -1,0 +1,113 @@
+"""Issue 24's slow zoo cells: is picasso_tf really slower than Keras on criteo/star and
+criteo/dcn_v2, and if so which pass costs? (results: benchmarks/zoo_slow_cells.txt)
+
+  python benchmarks/zoo_slow_cells.py spread star dcn_v2      # the zoo cell, repeated
+  python benchmarks/zoo_slow_cells.py ablation star dcn_v2    # one pass off at a time
+  python benchmarks/zoo_slow_cells.py breakdown star dcn_v2   # per-op time, Keras vs picasso_tf
+
+Every part builds the cell as picasso-bench's zoo section does (criteo-like data,
+batch 1024, Adagrad, the zoo's default hyper-parameters) and times it with the suite's
+interleaved `measure`.
+
+spread: the zoo cell (5 rounds) REPEATS times, alternating the suite's former 3 steps per
+round with rounds of at least 0.25 s (Sizes.zoo_min_round_s); prints each cell's
+picasso/baseline median and how many fall below 1.0.
+ablation: picasso_tf with all passes, and with each of the passes that act on these models
+switched off, against Keras in one interleaved measurement of 12 rounds.
+breakdown: per-op kernel time of 30 traced steps (tools/benchmarking/breakdown.py), Keras
+and picasso_tf alternated twice; per op type the two traces' ms/step and kernels/step.
+"""
+import os
+import statistics
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from picasso_tf.tools.benchmarking import sections as bench       # noqa: E402
+from picasso_tf.tools.benchmarking.breakdown import op_breakdown  # noqa: E402
+from picasso_tf.tools.benchmarking.timing import measure, step_times  # noqa: E402
+
+SIZES = bench.MODES["full"]
+REPEATS = 8
+ABLATIONS = {"stitching=False": {"stitching": False},
+             "fused_optimizer=False": {"fused_optimizer": False},
+             "fused_dense_optimizer=False": {"fused_dense_optimizer": False},
+             "apply_in_gradient=False": {"apply_in_gradient": False},
+             "shard_heavy_groups=False": {"shard_heavy_groups": False},
+             "packing=False": {"packing": False}}
+
+
+def cell(name, extra=None):
+    data = bench.criteo_data(SIZES, SIZES.zoo_batch * SIZES.batches, SIZES.zoo_max_buckets)
+    build = bench.zoo_builder(name, data.schema, data, SIZES)
+    trio, _ = bench.build_trio(build, data, SIZES.zoo_batch, "adagrad", SIZES, with_bound=False, extra=extra)
+    print(f"\n== criteo/{name}")
+    return trio.variants
+
+
+def load():
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def spread(name):
+    variants = cell(name)
+    kinds = {"3 steps a round": 0.0, f"rounds >= {SIZES.zoo_min_round_s:g} s": SIZES.zoo_min_round_s}
+    medians, steps = {k: [] for k in kinds}, []
+    print(f"load before {load()}")
+    for r in range(REPEATS):
+        for kind in (list(kinds) if r % 2 == 0 else list(kinds)[::-1]):
+            res = measure(variants, SIZES.zoo_rounds, SIZES.zoo_steps, SIZES.warmup_steps,
+                          pairs=[("picasso", "baseline")], min_round_s=kinds[kind])
+            medians[kind].append(res["ratios"]["picasso/baseline"]["median"])
+            steps += [res["steps"]] if kinds[kind] else []
+    print(f"load after {load()}; steps a round with rounds >= {SIZES.zoo_min_round_s:g} s: {steps}")
+    for kind, m in medians.items():
+        print(f"  {kind:18s} picasso/baseline of {REPEATS} cells: {' '.join(f'{x:.2f}' for x in sorted(m))}; "
+              f"below 1.0: {sum(x < 1 for x in m)}; median {statistics.median(m):.2f}, stdev {statistics.stdev(m):.3f}")
+
+
+def ablation(name):
+    variants = cell(name, ABLATIONS)
+    res = measure(variants, 12, SIZES.zoo_steps, SIZES.warmup_steps, min_round_s=SIZES.zoo_min_round_s,
+                  pairs=[(v.name, "baseline") for v in variants if v.name != "baseline"])
+    print(f"12 rounds of {res['steps']} steps; load {res['load_average'][0][0]:.1f} -> {res['load_average'][1][0]:.1f}")
+    for v in variants[1:]:
+        r = res["ratios"][f"{v.name}/baseline"]
+        print(f"  {v.name:28s} /baseline median {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}), "
+              f"rounds below 1.0: {sum(x < 1 for x in r['per_round'])}/12")
+
+
+def breakdown(name):
+    variants = cell(name)
+    for v in variants:
+        step_times(v.model, v.dataset, 5)                   # warm-up: tracing stays out of the traces
+    traces = {v.name: [] for v in variants}
+    for order in (variants, variants[::-1]):
+        for v in order:
+            traces[v.name].append(op_breakdown(v.model, v.dataset, steps=30, top=80))
+    print(f"load {load()}; ms/step (trace 1 / trace 2), kernels/step")
+    for n, bs in traces.items():
+        walls = " / ".join(f"{b['wall_ms_per_step']:.1f}" for b in bs)
+        sums = " / ".join(f"{b['op_ms_per_step']:.1f}" for b in bs)
+        print(f"  {n:8s} wall {walls}, sum of op times {sums}, "
+              f"kernels {sum(t['ops_per_step'] for t in bs[0]['by_type']):.0f}")
+    ops = {}
+    for n, bs in traces.items():
+        for b in bs:
+            for t in b["by_type"]:
+                ops.setdefault(t["op"], {}).setdefault(n, []).append(t)
+    rows = sorted(ops.items(), key=lambda kv: -max(sum(t["ms_per_step"] for t in ts) for ts in kv[1].values()))
+    print(f"  {'op':32s}" + "".join(f"{n:>22s}" for n in traces))
+    for op, by in rows:
+        if max(t["ms_per_step"] for ts in by.values() for t in ts) < 0.05:
+            continue
+        cells = ["/".join(f"{t['ms_per_step']:.2f}" for t in by[n]) + f" {by[n][0]['ops_per_step']:4.0f}x"
+                 if n in by else "-" for n in traces]
+        print(f"  {op:32s}" + "".join(f"{c:>22s}" for c in cells))
+
+
+if __name__ == "__main__":
+    part, models = sys.argv[1], sys.argv[2:] or ["star", "dcn_v2"]
+    for model in models:
+        {"spread": spread, "ablation": ablation, "breakdown": breakdown}[part](model)
