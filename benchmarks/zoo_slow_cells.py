@@ -9,11 +9,11 @@ Every part builds the cell as picasso-bench's zoo section does (criteo-like data
 batch 1024, Adagrad, the zoo's default hyper-parameters) and times it with the suite's
 interleaved `measure`.
 
-spread: the zoo cell (5 rounds) REPEATS times, alternating the suite's former 3 steps per
-round with rounds of at least 0.25 s (Sizes.zoo_min_round_s); prints each cell's
-picasso/baseline median and how many fall below 1.0.
+spread: the zoo cell (5 rounds) REPEATS times, alternating the suite's 3 steps a round
+with 20 (rounds of about 0.25 s instead of 40 ms: does a longer round steady the cell?);
+prints each cell's picasso/baseline median and how many fall below 1.0.
 ablation: picasso_tf with all passes, and with each of the passes that act on these models
-switched off, against Keras in one interleaved measurement of 12 rounds.
+switched off, against Keras in one interleaved measurement of 12 rounds of 20 steps.
 breakdown: per-op kernel time of 30 traced steps (tools/benchmarking/breakdown.py), Keras
 and picasso_tf alternated twice; per op type the two traces' ms/step and kernels/step.
 """
@@ -52,24 +52,21 @@ def load():
 
 def spread(name):
     variants = cell(name)
-    kinds = {"3 steps a round": 0.0, f"rounds >= {SIZES.zoo_min_round_s:g} s": SIZES.zoo_min_round_s}
-    medians, steps = {k: [] for k in kinds}, []
+    medians = {SIZES.zoo_steps: [], 20: []}
     print(f"load before {load()}")
     for r in range(REPEATS):
-        for kind in (list(kinds) if r % 2 == 0 else list(kinds)[::-1]):
-            res = measure(variants, SIZES.zoo_rounds, SIZES.zoo_steps, SIZES.warmup_steps,
-                          pairs=[("picasso", "baseline")], min_round_s=kinds[kind])
-            medians[kind].append(res["ratios"]["picasso/baseline"]["median"])
-            steps += [res["steps"]] if kinds[kind] else []
-    print(f"load after {load()}; steps a round with rounds >= {SIZES.zoo_min_round_s:g} s: {steps}")
-    for kind, m in medians.items():
-        print(f"  {kind:18s} picasso/baseline of {REPEATS} cells: {' '.join(f'{x:.2f}' for x in sorted(m))}; "
+        for steps in (list(medians) if r % 2 == 0 else list(medians)[::-1]):
+            res = measure(variants, SIZES.zoo_rounds, steps, SIZES.warmup_steps, pairs=[("picasso", "baseline")])
+            medians[steps].append(res["ratios"]["picasso/baseline"]["median"])
+    print(f"load after {load()}")
+    for steps, m in medians.items():
+        print(f"  {steps:2d} steps a round: picasso/baseline of {REPEATS} cells: {' '.join(f'{x:.2f}' for x in sorted(m))}; "
               f"below 1.0: {sum(x < 1 for x in m)}; median {statistics.median(m):.2f}, stdev {statistics.stdev(m):.3f}")
 
 
 def ablation(name):
     variants = cell(name, ABLATIONS)
-    res = measure(variants, 12, SIZES.zoo_steps, SIZES.warmup_steps, min_round_s=SIZES.zoo_min_round_s,
+    res = measure(variants, 12, 20, SIZES.warmup_steps,
                   pairs=[(v.name, "baseline") for v in variants if v.name != "baseline"])
     print(f"12 rounds of {res['steps']} steps; load {res['load_average'][0][0]:.1f} -> {res['load_average'][1][0]:.1f}")
     for v in variants[1:]:

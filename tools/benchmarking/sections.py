@@ -59,7 +59,6 @@ class Sizes:
     zoo_batch: int = 1024
     zoo_rounds: int = 5
     zoo_steps: int = 3
-    zoo_min_round_s: float = 0.25             # more steps per round for models of a few ms per step
     zoo_max_buckets: int = 100_000
     alibaba_onehot: int = 7
     alibaba_sequences: int = 6            # behaviour sequences of cat0..cat5; cat6 stays one-hot
@@ -107,7 +106,7 @@ MODES = {
     "full": Sizes(),
     "quick": Sizes(rounds=3, steps=4, warmup_steps=2, batches=2, packing_fields=40, packing_batch=2048,
                    breakdown_steps=2, stage_repeats=5, criteo_max_buckets=10_000,
-                   zoo_models=("lr", "dlrm", "din"), zoo_batch=512, zoo_rounds=2, zoo_steps=3, zoo_min_round_s=0.1,
+                   zoo_models=("lr", "dlrm", "din"), zoo_batch=512, zoo_rounds=2, zoo_steps=3,
                    zoo_max_buckets=10_000, alibaba_seq_len=20, alibaba_vocab=10_000,
                    auc_models=("dlrm", "din"), auc_rows=10_000, auc_movielens_rows=20_000, auc_epochs=1,
                    auc_seq_len=10, ablation_models=("wide_deep",), ablation_batch=1024,
@@ -117,8 +116,7 @@ MODES = {
     "tiny": Sizes(rounds=2, steps=2, warmup_steps=2, batches=2, packing_configs=("wide_lr", "dlrm_adagrad"),
                   packing_fields=6, packing_vocab=200, packing_batch=256, breakdown_steps=1, stage_repeats=2,
                   criteo_max_buckets=200, zoo_models=("lr",), zoo_datasets=("criteo",), zoo_batch=128,
-                  zoo_rounds=1, zoo_steps=2, zoo_min_round_s=0.0, zoo_max_buckets=200, alibaba_seq_len=5,
-                  alibaba_vocab=200,
+                  zoo_rounds=1, zoo_steps=2, zoo_max_buckets=200, alibaba_seq_len=5, alibaba_vocab=200,
                   auc_models=("lr",), auc_datasets=("synthetic",), auc_rows=2000, auc_epochs=1, auc_vocab=200,
                   ablation_models=("wide_deep",), ablation_batch=128, ablation_scale={"wide_deep": 0.02},
                   ops_models=("mmoe",), ops_scale=0.05, scaling_model="lr", scaling_multipliers=(1, 2),
@@ -264,14 +262,14 @@ def _optimizer_note(trio_variants):
     return None
 
 
-def _timed_row(name, trio, sizes, progress, rounds=None, steps=None, min_round_s=0.0, **fields):
+def _timed_row(name, trio, sizes, progress, rounds=None, steps=None, **fields):
     pairs = [("picasso", "baseline"), ("picasso", "bound"), ("baseline", "bound")]
     names = [v.name for v in trio.variants]
     for extra in names:
         if extra not in ("baseline", "picasso", "bound"):
             pairs += [(extra, other) for other in ("baseline", "bound") if other in names]
     result = measure(trio.variants, rounds or sizes.rounds, steps or sizes.steps, sizes.warmup_steps,
-                     pairs=pairs, progress=lambda m: progress(f"{name}: {m}"), min_round_s=min_round_s)
+                     pairs=pairs, progress=lambda m: progress(f"{name}: {m}"))
     row = {"name": name, **fields, **trio.info, **result}
     row["optimizer_note"] = _optimizer_note(trio.variants)
     row["rss_gib"] = rss_gib()
@@ -434,8 +432,7 @@ def run_zoo(sizes, progress):
                 build = zoo_builder(name, data.schema, data, sizes)
                 trio, _ = build_trio(build, data, sizes.zoo_batch, "adagrad", sizes)
                 out["rows"].append(_timed_row(f"{dataset}/{name}", trio, sizes, progress, rounds=sizes.zoo_rounds,
-                                              steps=sizes.zoo_steps, min_round_s=sizes.zoo_min_round_s,
-                                              model=name, dataset=dataset))
+                                              steps=sizes.zoo_steps, model=name, dataset=dataset))
                 del trio
             except Exception as e:   # noqa: BLE001
                 out["rows"].append({"name": f"{dataset}/{name}", "model": name, "dataset": dataset,
@@ -447,9 +444,7 @@ def run_zoo(sizes, progress):
         f"the last {sizes.alibaba_small_vocab}) and {sizes.alibaba_sequences} behaviour sequences of "
         f"{sizes.alibaba_seq_len} ids (one per one-hot group: the zoo's DIN-style models build one table per "
         f"group and fail on the preset's default 12 sequences over 7 groups). Zoo default hyper-parameters; "
-        f"Adagrad(0.01) for all; a model above {sizes.max_params:,} parameters is skipped. A round runs "
-        f"{sizes.zoo_steps} steps of each variant, or more where the fastest variant's steps would fill less "
-        f"than {sizes.zoo_min_round_s:g} s (the row's `steps`).")
+        f"Adagrad(0.01) for all; a model above {sizes.max_params:,} parameters is skipped.")
     return out
 
 

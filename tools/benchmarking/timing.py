@@ -8,16 +8,11 @@ trains `steps` steps with Keras' own `fit`, the variants taking turns (ABAB..., 
 starting variant rotating from round to round) so that a change of machine load hits
 them all alike. A step's time is the interval between two consecutive
 `on_train_batch_end` callbacks, so fit's set-up and the first batch's iterator start
-are left out. With `min_round_s`, a round runs more steps than asked where the
-fastest variant's steps (timed in its warm-up) would otherwise end a round sooner: the
-median of three steps of a few milliseconds is one scheduler hiccup away from a wrong
-ratio on a shared machine. Per round and variant the median step time gives
-samples/s; the result holds the median over rounds, the spread (min and max over
-rounds), and per pair the ratio taken round by round (both figures of a ratio come
-from the same round).
+are left out. Per round and variant the median step time gives samples/s; the result
+holds the median over rounds, the spread (min and max over rounds), and per pair the
+ratio taken round by round (both figures of a ratio come from the same round).
 """
 import dataclasses
-import math
 import os
 import statistics
 import time
@@ -73,13 +68,8 @@ def load_average():
         return None
 
 
-def steps_per_round(steps, min_round_s, step_s):
-    """At least `steps`, and enough steps of `step_s` seconds to fill `min_round_s`."""
-    return max(steps, math.ceil(min_round_s / step_s)) if min_round_s > 0 else steps
-
-
 def measure(variants: List[Variant], rounds: int, steps: int, warmup_steps: int = 2,
-            pairs=(), progress: Optional[Callable[[str], None]] = None, min_round_s: float = 0.0) -> Dict:
+            pairs=(), progress: Optional[Callable[[str], None]] = None) -> Dict:
     """Times the variants interleaved (see the module docstring).
 
     pairs: (numerator, denominator) variant names whose throughput ratio is wanted,
@@ -91,13 +81,12 @@ def measure(variants: List[Variant], rounds: int, steps: int, warmup_steps: int 
     say = progress or (lambda _msg: None)
     steps = max(2, int(steps))
     load_before = load_average()
-    warm, warm_step = {}, {}
+    warm = {}
     for v in variants:
         say(f"warm-up {v.name}")
         start = time.perf_counter()
-        warm_step[v.name] = statistics.median(step_times(v.model, v.dataset, max(2, warmup_steps)))
+        step_times(v.model, v.dataset, max(2, warmup_steps))
         warm[v.name] = time.perf_counter() - start
-    steps = steps_per_round(steps, min_round_s, min(warm_step.values()))
     per_round = {v.name: [] for v in variants}
     for r in range(rounds):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
