@@ -4,6 +4,7 @@ criteo/dcn_v2, and if so which pass costs? (results: benchmarks/zoo_slow_cells.t
   python benchmarks/zoo_slow_cells.py spread star dcn_v2      # the zoo cell, repeated
   python benchmarks/zoo_slow_cells.py ablation star dcn_v2    # one pass off at a time
   python benchmarks/zoo_slow_cells.py breakdown star dcn_v2   # per-op time, Keras vs picasso_tf
+  python benchmarks/zoo_slow_cells.py teardown dcn_v2         # fit's duration vs its steps, traced
 
 Every part builds the cell as picasso-bench's zoo section does (criteo-like data,
 batch 1024, Adagrad, the zoo's default hyper-parameters) and times it with the suite's
@@ -16,16 +17,24 @@ ablation: picasso_tf with all passes, and with each of the passes that act on th
 switched off, against Keras in one interleaved measurement of 12 rounds of 20 steps.
 breakdown: per-op kernel time of 30 traced steps (tools/benchmarking/breakdown.py), Keras
 and picasso_tf alternated twice; per op type the two traces' ms/step and kernels/step.
+teardown: why op_breakdown times each step instead of dividing fit's duration by the steps:
+three traced fits of 30 steps per variant, fit's duration per step beside the median traced
+step and the longest TFE_DeleteTensorHandle after the last step.
 """
 import os
+import shutil
 import statistics
 import sys
+import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from picasso_tf.tools.benchmarking import sections as bench       # noqa: E402
-from picasso_tf.tools.benchmarking.breakdown import op_breakdown  # noqa: E402
+import tensorflow as tf                                              # noqa: E402
+
+from picasso_tf.tools.benchmarking.breakdown import _trace_events, op_breakdown  # noqa: E402
 from picasso_tf.tools.benchmarking.timing import measure, step_times  # noqa: E402
 
 SIZES = bench.MODES["full"]
@@ -60,7 +69,8 @@ def spread(name):
             medians[steps].append(res["ratios"]["picasso/baseline"]["median"])
     print(f"load after {load()}")
     for steps, m in medians.items():
-        print(f"  {steps:2d} steps a round: picasso/baseline of {REPEATS} cells: {' '.join(f'{x:.2f}' for x in sorted(m))}; "
+        cells = " ".join(f"{x:.2f}" for x in sorted(m))
+        print(f"  {steps:2d} steps a round: picasso/baseline of {REPEATS} cells: {cells}; "
               f"below 1.0: {sum(x < 1 for x in m)}; median {statistics.median(m):.2f}, stdev {statistics.stdev(m):.3f}")
 
 
@@ -104,7 +114,30 @@ def breakdown(name):
         print(f"  {op:32s}" + "".join(f"{c:>22s}" for c in cells))
 
 
+def teardown(name):
+    variants = cell(name)
+    for v in variants:
+        step_times(v.model, v.dataset, 5)
+    for _ in range(3):
+        for v in variants:
+            logdir = tempfile.mkdtemp()
+            tf.profiler.experimental.start(logdir)
+            start = time.perf_counter()
+            v.model.fit(v.dataset, epochs=1, steps_per_epoch=30, verbose=0)
+            fit_ms = 1e3 * (time.perf_counter() - start)
+            tf.profiler.experimental.stop()
+            events, _ = _trace_events(logdir)
+            shutil.rmtree(logdir)
+            host = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("is_eager") != 0]
+            steps = sorted((e for e in host if e["name"] == "train_function"), key=lambda e: e["ts"])
+            end = steps[-1]["ts"] + steps[-1]["dur"]
+            deletes = [e["dur"] / 1e3 for e in host if e["name"] == "TFE_DeleteTensorHandle" and e["ts"] >= end]
+            step_ms = statistics.median(b["ts"] - a["ts"] for a, b in zip(steps, steps[1:])) / 1e3
+            print(f"  {v.name:8s} fit {fit_ms:6.1f} ms / 30 = {fit_ms / 30:5.1f} ms; median traced step {step_ms:5.1f} "
+                  f"ms; after the last step a TFE_DeleteTensorHandle of {max(deletes, default=0.0):6.1f} ms")
+
+
 if __name__ == "__main__":
     part, models = sys.argv[1], sys.argv[2:] or ["star", "dcn_v2"]
     for model in models:
-        {"spread": spread, "ablation": ablation, "breakdown": breakdown}[part](model)
+        {"spread": spread, "ablation": ablation, "breakdown": breakdown, "teardown": teardown}[part](model)
