@@ -56,7 +56,7 @@ def state(model):
         arrays += [v.numpy() for v in storage.variables()] + [a.numpy() for t in tables for a in t.export()]
         hot = getattr(storage, "hot", None)
         if hot is not None:
-            arrays += [v.numpy() for v in (hot.keys, hot.rows, hot.slot, hot.counts, hot.hits, hot.lookups)]
+            arrays += [v.numpy() for v in (hot.keys, hot.rows, *hot.slots, hot.counts, hot.hits, hot.lookups, hot.held)]
     return arrays
 
 
