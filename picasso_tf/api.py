@@ -309,8 +309,10 @@ class PicassoModel(tf.keras.Model):
             hybrid = any(s.kind == HybridHashTables.kind for s in hashed)
             option = "hybrid_hash=True" if hybrid else "dynamic_vocabulary"
             raise UnsupportedModelError(f"picasso_tf: {option} needs the fused row-sparse updates, and {note}")
-        for storage in hashed:
-            storage.bind(fused.optimizer)
+        if any([storage.bind(fused.optimizer) for storage in hashed]):
+            # A hot tier made again for the optimizer's slots: what was traced before reads the old one.
+            self.predict_function = self.test_function = None
+            self._eager_calls, self._looked_up_ids = {}, None
         note = note or (fused and f"packed tables: fused {type(optimizer).__name__}"
                                   f"{' (lazy)' if fused.optimizer.lazy else ''}")
         # The model's own list decides (a trainable=False layer keeps trainable variables);

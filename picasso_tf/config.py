@@ -264,11 +264,13 @@ class Config:
             spec = tf.DeviceSpec.from_string(self.hot_tier_device)
         except ValueError:
             spec = None
-        seen = tf.config.list_logical_devices(spec.device_type) if spec and spec.device_type else []
+        # Physical devices: listing them does not start TensorFlow's runtime (which would
+        # fix its threads and visible devices before the script sets them).
+        seen = tf.config.list_physical_devices(spec.device_type) if spec and spec.device_type else []
         if not spec or (spec.device_index or 0) >= len(seen):
             raise ValueError(f"hot_tier_device is a device TensorFlow sees, such as '/CPU:0' or '/GPU:0', or None (a "
                              f"GPU if there is one); got {self.hot_tier_device!r}, and TensorFlow sees "
-                             f"{[d.name for d in tf.config.list_logical_devices()]}")
+                             f"{[d.name for d in tf.config.list_physical_devices()]}")
 
     def _check_vocabulary_options(self):
         if isinstance(self.dynamic_vocabulary, int) and not isinstance(self.dynamic_vocabulary, bool):
@@ -337,4 +339,6 @@ def _parse_env(name, text, type_name):
         raise ValueError(f"PICASSO_{name.upper()}={text!r}: expected 1/0, true/false")
     if type_name in (str, "str"):
         return text
+    if type_name in (Optional[str], "Optional[str]"):
+        return None if text.lower() in ("", "none") else text
     return float(text) if type_name in (float, "float") else int(text)

@@ -54,6 +54,7 @@ class TableLayout:
     trainable: bool = True        # False: frozen tables, packed apart, never updated
     kind: str = "tables"          # the storage kind (picasso_tf.embedding.storage.make_storage)
     hot_rows: int = 0             # hash-backed kind: rows its hot tier holds (picasso_tf.embedding.hot_tier)
+    hot_bytes: int = 0            # and its share of hot_storage_bytes (fewer rows for more optimizer slots)
 
     @property
     def num_rows(self):

@@ -69,17 +69,23 @@ def test_trains_bit_for_bit_as_the_tables_read_in_place(optimizer, hot):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS) + sorted(ADAM))
 def test_a_hot_tier_trained_by_tensorflow_ops_trains_as_the_fused_one(optimizer):
     """A hot tier on a GPU is trained by TensorFlow's own ops (apply_with_tf_ops), with
     the fused kernels' arithmetic in their order: made to on the host, it trains bit for
     bit as the fused tier, through refreshes."""
     data = batches(40, seed=3)
-    fused, by_tf_ops = hashed(projection=False, **SMALL_HOT), hashed(projection=False, **SMALL_HOT)
+    options = dict(projection=False, **SMALL_HOT, **ADAM.get(optimizer, {}))
+    fused, by_tf_ops = hashed(**options), hashed(**options)
+    make = OPTIMIZERS.get(optimizer, lambda: tf.keras.optimizers.Adam(0.01))
+    fused.compile(optimizer=make(), loss="binary_crossentropy")
+    by_tf_ops.compile(optimizer=make(), loss="binary_crossentropy")
+    train(by_tf_ops, data[:1])      # binds the optimizer: Adam's tier is made again for its slots
     for storage in by_tf_ops.picasso.storages.values():
         assert storage.hot.fused
         storage.hot.fused = False
-    assert train(by_tf_ops, data, OPTIMIZERS[optimizer]()) == train(fused, data, OPTIMIZERS[optimizer]())
+    by_tf_ops.train_function = None     # traced again with the tier's TensorFlow-ops update
+    assert train(by_tf_ops, data[1:]) == train(fused, data)[1:]
     for model in (fused, by_tf_ops):
         model.picasso.write_back()
     for a, b in zip(plain_weights(fused) + fused.optimizer.variables,
@@ -101,21 +107,25 @@ def test_with_adam_the_hot_tier_holds_fewer_rows_in_the_same_bytes():
     train(model, data[8:10])    # no refresh yet: the hot sets are those bind kept
     for name, storage in model.picasso.storages.items():
         capacity, keys, counts = before[name]
-        dim = storage.layout.dim
-        assert storage.hot.capacity == capacity * (2 * dim * 4 + 16) // (3 * dim * 4 + 16) < capacity
+        dim, share = storage.layout.dim, storage.layout.hot_bytes
+        assert capacity == share // (2 * dim * 4 + 16) and storage.hot.capacity == share // (3 * dim * 4 + 16)
         assert len(storage.hot.slots) == 2 and storage.table.num_slots == 2
         kept = keys[np.lexsort((keys, -counts))[:storage.hot.capacity]]
         np.testing.assert_array_equal(storage.hot.held_keys(), np.sort(kept))
 
 
-def test_adam_on_a_hot_tier_trained_by_tensorflow_ops_is_refused_by_name():
-    model = hashed(**SMALL_HOT)
-    for storage in model.picasso.storages.values():
-        storage.hot.fused = False       # as on a GPU
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
-    with pytest.raises(UnsupportedModelError, match=r"hot tier of group .* built for SGD and Adagrad only.*Adam.*"
-                                                    r"hot_tier_device='/CPU:0'"):
-        model.picasso.check_optimizer(model.optimizer)
+def test_what_was_traced_before_adam_reads_the_hot_tier_made_for_it():
+    """Binding Adam makes the hot tier again (two slots): a prediction or a call traced
+    before it reads the new tier after training, as the tables read in place do."""
+    data = batches(20, seed=3)
+    x = data[0][0]
+    dense, model = picasso.optimize(build(), projection=False), hashed(projection=False, **SMALL_HOT)
+    for m in (dense, model):
+        m.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+        m.predict(x, verbose=0), m(x)
+        train(m, data)
+    np.testing.assert_array_equal(model.predict(x, verbose=0), dense.predict(x, verbose=0))
+    np.testing.assert_array_equal(model(x), dense(x))
 
 
 def test_the_hot_rows_live_on_a_gpu_when_there_is_one_and_their_keys_on_the_host():
@@ -128,7 +138,10 @@ def test_the_hot_rows_live_on_a_gpu_when_there_is_one_and_their_keys_on_the_host
         assert storage.hot.rows.device.endswith("CPU:0") and storage.hot.fused
 
 
-def test_a_hot_tier_device_or_size_that_cannot_be_is_refused_by_name():
+def test_a_hot_tier_device_or_size_that_cannot_be_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("PICASSO_HOT_TIER_DEVICE", "/CPU:0")
+    assert picasso.Config.from_options().hot_tier_device == "/CPU:0"
+    monkeypatch.delenv("PICASSO_HOT_TIER_DEVICE")
     with pytest.raises(ValueError, match=r"hot_tier_device is a device TensorFlow sees.*got '/TPU:3'"):
         hashed(hot_tier_device="/TPU:3")
     with pytest.raises(HotTierTooLargeError, match=r"hot tier of group huge \(1099511627776 rows of dim 64: "

@@ -41,6 +41,12 @@ def hot_row_bytes(dim, num_slots, value_bytes=4):
     return (1 + num_slots) * dim * value_bytes + 16
 
 
+def hot_rows_of(layout, share, num_slots):
+    """Rows of a group's hot tier in `share` bytes, each with `num_slots` optimizer slots
+    (one until the optimizer is known, HybridHashTables.bind), never more than it has."""
+    return min(layout.num_rows, share // hot_row_bytes(layout.dim, num_slots, layout.dtype.size))
+
+
 def host_bytes_available():
     """The host memory new allocations can take without swapping (Linux: MemAvailable),
     or None where the system does not say."""
@@ -103,7 +109,7 @@ class HotTier:
         `positions` (each once; not `lazy`: every row, as Keras' exact Adam); returns the op."""
         if self.fused:
             return sparse_apply.apply(self.rows, positions, row_grads, update, lazy=lazy)
-        return apply_with_tf_ops(self.rows, self.slots[0], positions, row_grads, update)
+        return apply_with_tf_ops(self.rows, self.slots, positions, row_grads, update, lazy)
 
     def due(self, step):
         """Whether the hot set is refreshed after `step` (0-based) of training."""
@@ -161,22 +167,36 @@ def _too_large(name, capacity, dim, device, need, why):
         "set hot_tier_device to a device with more memory free")
 
 
-def apply_with_tf_ops(rows, slot, positions, row_grads, update):
-    """`update` (SGD without momentum or Adagrad, no weight decay: what hash storage
-    trains) of `rows` (and Adagrad's accumulator `slot`) at the distinct `positions`,
-    with TensorFlow's own ops, so that it runs where `rows` live (a GPU); the same
-    arithmetic, in the same order, as the fused kernels (custom_ops/sparse_updates.h),
-    so the same rounding. Returns the op."""
-    hyper = update.hyper_tensors(rows.dtype)
+def apply_with_tf_ops(rows, slots, positions, row_grads, update, lazy=True):
+    """`update` (SGD without momentum, Adagrad or Adam, no weight decay: what hash
+    storage trains) of `rows` and their `slots` at the distinct `positions` (not `lazy`:
+    Adam decays every other row too), with TensorFlow's own ops, so that it runs where
+    `rows` live (a GPU); the same arithmetic, in the same order, as the fused kernels
+    (custom_ops/sparse_updates.h), so the same rounding. Returns the op."""
+    h = update.hyper_tensors(rows.dtype)
     grads = tf.convert_to_tensor(row_grads, rows.dtype)
     if update.optimizer == "sgd":
-        return rows.scatter_add(tf.IndexedSlices(-grads * hyper["lr"], positions)).op
-    if update.optimizer != "adagrad":
-        raise ValueError(f"picasso_tf: a hot tier is trained by SGD or Adagrad, not {update.optimizer}")
-    accumulated = tf.gather(slot, positions) + grads * grads
-    # DivNoNan divides as Div does (but for 0 / 0, which is NaN in Keras' step), and
-    # Grappler does not turn it into a multiplication by Rsqrt, which rounds otherwise.
-    step = tf.math.divide_no_nan(-hyper["lr"] * grads, tf.sqrt(accumulated + hyper["epsilon"]))
-    stepped = tf.gather(rows, positions) + step
-    return tf.group(slot.scatter_update(tf.IndexedSlices(accumulated, positions)),
-                    rows.scatter_update(tf.IndexedSlices(stepped, positions)))
+        return rows.scatter_add(tf.IndexedSlices(-grads * h["lr"], positions)).op
+    if update.optimizer == "adagrad":
+        accumulated = tf.gather(slots[0], positions) + tf.square(grads)
+        # DivNoNan divides as Div does (but for 0 / 0, which is NaN in Keras' step), and
+        # Grappler does not turn it into a multiplication by Rsqrt, which rounds otherwise.
+        step = tf.math.divide_no_nan(-h["lr"] * grads, tf.sqrt(accumulated + h["epsilon"]))
+        return tf.group(slots[0].scatter_update(tf.IndexedSlices(accumulated, positions)),
+                        rows.scatter_update(tf.IndexedSlices(tf.gather(rows, positions) + step, positions)))
+    if update.optimizer != "adam":
+        raise ValueError(f"picasso_tf: a hot tier is trained by SGD, Adagrad or Adam, not {update.optimizer}")
+    alpha = h["lr"] * tf.sqrt(1 - h["beta2_power"]) / (1 - h["beta1_power"])
+    c1, c2, at = h["one_minus_beta1"], h["one_minus_beta2"], positions[:, None]
+    # Square, not g * g: Grappler turns (g * g) * c2 into g * (g * c2), which rounds otherwise.
+    squared = tf.square(grads)
+    if lazy:
+        m, v, var = (tf.gather(x, positions) for x in (slots[0], slots[1], rows))
+        m, v = m - m * c1 + grads * c1, v - v * c2 + squared * c2
+        var = var - m * alpha / (tf.sqrt(v) + h["epsilon"])
+        return tf.group(*[x.scatter_update(tf.IndexedSlices(y, positions))
+                          for x, y in ((slots[0], m), (slots[1], v), (rows, var))])
+    m = tf.tensor_scatter_nd_add(slots[0] - slots[0] * c1, at, grads * c1)
+    v = tf.tensor_scatter_nd_add(slots[1] - slots[1] * c2, at, squared * c2)
+    return tf.group(slots[0].assign(m), slots[1].assign(v),
+                    rows.assign(rows - m * alpha / (tf.sqrt(v) + h["epsilon"])))

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
-from picasso_tf.embedding.hot_tier import EMPTY, HotTier, hot_row_bytes
+from picasso_tf.embedding.hot_tier import EMPTY, HotTier, hot_rows_of
 from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id, table_number
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
@@ -130,42 +130,42 @@ class HybridHashTables(EmbeddingStorage):
     def check(self, optimizer):
         """Refuses by name an optimizer (a RowSparseOptimizer) the hash table cannot apply."""
         check_hash_optimizer(optimizer, self.layout, "hybrid_hash=True", HASH_UPDATES)
-        if optimizer.slot_names and len(optimizer.slot_names) > 1 and self.hot is not None and not self.hot.fused:
-            raise UnsupportedModelError(
-                f"picasso_tf: hybrid_hash=True: the hot tier of group {self.layout.name} is on {self.hot.device}, "
-                f"where its update is built for SGD and Adagrad only; the model is compiled with "
-                f"{type(optimizer.optimizer).__name__}. Set hot_tier_device='/CPU:0', or compile with SGD or Adagrad")
 
     def bind(self, optimizer):
         """Ties the table's slots to `optimizer` (a RowSparseOptimizer) before a
         training step is traced (``check`` first), and makes the table's slots hold the
-        Keras optimizer's."""
+        Keras optimizer's. Returns whether it made the hot tier again (for another number
+        of slots): functions traced before read the old one."""
         if optimizer is self.optimizer:
-            return
+            return False
         self.check(optimizer)
         with tf.init_scope():
             self.write_back()       # the rows trained so far, and the previous optimizer's slots
             self.optimizer = optimizer
             self._slots = [[optimizer.keras_slots(m.variable)[s] for s in optimizer.slot_names]
                            for m in self.layout.members]
-            self._hold_slots(max(1, len(optimizer.slot_names)))
+            remade = self._hold_slots(max(1, len(optimizer.slot_names)))
             self.read_back()
+        return remade
 
     def _hold_slots(self, num_slots):
-        """Makes the table's rows and the hot tier hold `num_slots` slots each."""
+        """Makes the table's rows and the hot tier hold `num_slots` slots each; returns
+        whether the hot tier was made again."""
         if num_slots == self.table.num_slots:
-            return
+            return False
         if self.hot is not None:
             self.hot.write_back(self.table)     # its rows and counts, before the table changes shape
         self.table.set_num_slots(num_slots)
         if self.hot is not None:
             # The tier keeps its bytes (hot_storage_bytes), and read_back loads its hot set again.
             old, dim = self.hot, self.layout.dim
-            capacity = old.capacity * hot_row_bytes(dim, len(old.slots)) // hot_row_bytes(dim, num_slots)
+            capacity = hot_rows_of(self.layout, self.layout.hot_bytes, num_slots)
             self.hot = (HotTier(capacity, dim, old.warmup, old.refresh_every, self.layout.name, old.device, num_slots)
                         if capacity else None)
             self.all_hot = self.hot is not None and capacity >= len(self.keys())
             self._carried_hot = old.held_keys()
+            return True
+        return False
 
     def apply_fetched(self, keys, row_grads, iteration):
         """Updates the rows of the distinct `keys` from their summed gradients (in the

@@ -10,7 +10,7 @@ Every other group stays read in place; the report names it and why.
 """
 import dataclasses
 
-from picasso_tf.embedding.hot_tier import hot_row_bytes
+from picasso_tf.embedding.hot_tier import hot_rows_of
 from picasso_tf.graph.graph_def_util import GraphIndex
 from picasso_tf.passes.fetched_rows import (check_hash_storage_options, fetch_rows_per_step, table_reads,
                                            why_read_in_place)
@@ -35,18 +35,18 @@ def hybrid_hash(program, graph, config):
     if not hashed:
         return program, {"changed": False, "read_in_place": in_place}
     program, fetching_ops = fetch_rows_per_step(program, graph, hashed, reads, KIND)
-    hot = hot_rows(list(hashed.values()), config.hot_storage_bytes)
-    tables = [dataclasses.replace(t, hot_rows=hot[t.name]) if t.name in hot else t for t in program.tables]
+    shares = hot_bytes(list(hashed.values()), config.hot_storage_bytes)
+    hot = {name: hot_rows_of(hashed[name], share, 1) for name, share in shares.items()}
+    tables = [dataclasses.replace(t, hot_rows=hot[t.name], hot_bytes=shares[t.name]) if t.name in hot else t
+              for t in program.tables]
     return dataclasses.replace(program, tables=tables), {
         "changed": True, "hashed": sorted(hashed), "hot_rows": hot, "fetching_ops": fetching_ops,
         "read_in_place": in_place}
 
 
-def hot_rows(layouts, budget):
-    """Rows of each group's hot tier: `budget` bytes shared in proportion to the groups'
-    parameter volume (Eq. 1: the rows looked up most weigh most), never more than a
-    group has; rows of one optimizer slot (an optimizer with more makes the tier hold
-    fewer, HybridHashTables.bind)."""
+def hot_bytes(layouts, budget):
+    """Each group's share of the hot tiers' `budget` bytes, in proportion to the groups'
+    parameter volume (Eq. 1: the rows looked up most weigh most)."""
     volume = sum(t.param_volume for t in layouts) or 1.0
-    return {t.name: min(t.num_rows, int(budget * t.param_volume / volume) // hot_row_bytes(t.dim, 1, t.dtype.size))
-            for t in layouts}
+    return {t.name: int(budget * t.param_volume / volume) for t in layouts}
+
