@@ -143,12 +143,15 @@ class HotTier:
         at most `capacity`), counts from zero; returns the op."""
         values, slots = table.read(keys)
         free = self.capacity - tf.size(keys)
-        return tf.group(
-            self.keys.assign(tf.concat([tf.cast(keys, tf.int64), tf.fill([free], tf.constant(EMPTY, tf.int64))], 0)),
-            self.rows.assign(tf.concat([values, tf.zeros([free, self.dim])], 0)),
-            *[mine.assign(tf.concat([slots[s], tf.zeros([free, self.dim])], 0)) for s, mine in enumerate(self.slots)],
-            self.counts.assign(tf.zeros([self.capacity], tf.int64)),
-            self.held.assign(tf.size(keys, out_type=tf.int64)))
+        # Every new tensor first, then the assignments: run eagerly, a tier that cannot
+        # make them (out of device memory) is left as it was.
+        with tf.device(self.device):
+            rows = [tf.concat([part, tf.zeros([free, self.dim])], 0)
+                    for part in [values] + [slots[s] for s in range(len(self.slots))]]
+        held = tf.concat([tf.cast(keys, tf.int64), tf.fill([free], tf.constant(EMPTY, tf.int64))], 0)
+        return tf.group(*[mine.assign(new) for mine, new in zip([self.rows] + self.slots, rows)],
+                        self.keys.assign(held), self.counts.assign(tf.zeros([self.capacity], tf.int64)),
+                        self.held.assign(tf.size(keys, out_type=tf.int64)))
 
     def held_keys(self):
         """The keys the tier holds, increasing (NumPy)."""
