@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
-from picasso_tf.embedding.hot_tier import EMPTY, HotTier, hot_rows_of
+from picasso_tf.embedding.hot_tier import HotTier, hot_rows_of
 from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id, table_number
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage

@@ -8,9 +8,8 @@ type and by node. Times are wall-clock durations of each kernel on its thread: w
 inter-op parallelism two kernels may overlap, so the op times can add up to more than
 the step; the wall time per step is reported beside them: the median over the traced
 steps of each step's own time (from the start to the end of its batch), not fit's
-whole duration over the steps: under the profiler fit's teardown may take a quarter of
-a second (one TFE_DeleteTensorHandle after the last step, in 3 of 4 traced fits of the
-zoo's DCN-v2, Keras and picasso_tf alike), which spread over a few steps swamps them.
+whole duration over the steps: under the profiler fit's teardown (a TensorFlow handle
+cleanup after the last step) can take longer than the steps, and would swamp them.
 """
 import collections
 import glob
