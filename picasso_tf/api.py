@@ -379,7 +379,8 @@ class PicassoModel(tf.keras.Model):
 
             y_pred = run_micro_batches(self._training_step(), self.optimizer, forward_and_loss,
                                        (x, y, sample_weight), k,
-                                       embedding_cut(self._forward[True], self.picasso.program, self.picasso.config))
+                                       embedding_cut(self._forward[True], self.picasso.program, self.picasso.config),
+                                       one_at_a_time=self.picasso.config.micro_batches == "auto")
             return self.compute_metrics(x, y, y_pred, sample_weight)
         step = self._training_step()     # first: it binds the storage to the optimizer the forward pass reads
         y_pred = self(x, training=True)

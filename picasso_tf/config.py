@@ -126,7 +126,8 @@ class Config:
       explicit K (from the embedding) the fused lookups' backward runs once per step on
       their output gradients gathered from the micro-batches, which is faster but holds
       the whole batch of those gradients; "auto", chosen for memory, keeps each
-      micro-batch's own lookup backward.
+      micro-batch's own lookup backward and runs the micro-batches one at a time (one
+      micro-batch's activations alive, none overlapping the previous one's backward).
     interleave_from: where micro-batches start (paper Fig. 8): "embedding" (the
       default, Fig. 8b) splits the batch at the inputs, each micro-batch running the
       whole model; "mlp" (Fig. 8a) runs the fused lookups once on the whole batch and
@@ -136,7 +137,8 @@ class Config:
       run per micro-batch either way.
     micro_batch_memory_budget: the bytes one micro-batch's activations may take under
       micro_batches="auto"; None (the default): a quarter of the memory available when
-      the step is traced (two micro-batches may be alive at once).
+      the step is traced (the rest for the whole batch's tensors, the data pipeline and
+      the allocators' slack).
     interleave_groups: K-interleaving: the fused lookups go into this many groups of
       about equal parameter volume (Eq. 3), each group's lookups waiting for the
       previous group's (picasso_tf.passes.interleaving). 1 (the default): no groups,

@@ -2,7 +2,7 @@
 (losses and weights, SGD / Adagrad / exact Adam, K dividing the batch or not, a batch
 smaller than K, recurrent and zoo models), starting from the embedding layer or from
 the MLP (whose fused lookups run once); micro-batch i+1 waits for micro-batch i's
-loss; batch normalisation, masked outputs and losses that are not batch means are
+loss, and under "auto" for its backward; batch normalisation, masked outputs and losses that are not batch means are
 refused with the reason; "auto" picks K by Eq. 2 (hand-computed examples) and trains
 like the whole batch, or keeps a coupled batch whole. K-interleaving: Eq. 3's groups,
 chained by control dependencies as planned, training unchanged."""
@@ -80,7 +80,7 @@ def _step_graph(model):
     x, y = batches(1)[0]
     specs = ({k: tf.TensorSpec([None] + list(np.shape(v))[1:], tf.as_dtype(v.dtype)) for k, v in x.items()},
              tf.TensorSpec([None], tf.float32))
-    return tf.function(model.train_step).get_concrete_function(specs).graph
+    return tf.function(model.train_step, autograph=False).get_concrete_function(specs).graph
 
 
 def _op_counts(model, types):
@@ -205,6 +205,34 @@ def test_each_micro_batch_waits_for_the_previous_loss(start):
     assert not any(op.control_inputs for op in gates[0])
     for i in (1, 2):
         assert all(op.control_inputs for op in gates[i]), f"micro-batch {i} does not wait"
+
+
+def _backwards_waited_for(model, k):
+    """Per micro-batch, the backward passes (tf.gradients scopes: "gradients" is
+    micro-batch 0's, "gradients_1" micro-batch 1's, ...) its inputs wait for."""
+    graph = _step_graph(model)
+    waits = {}
+    for i in range(k):
+        gates = [op for op in graph.get_operations() if f"picasso_micro_batch_{i}/" in op.name]
+        waits[i] = {c.name.split("/")[0] for op in gates for c in op.control_inputs if c.name.startswith("gradients")}
+    return waits
+
+
+def test_auto_runs_micro_batches_one_at_a_time_and_an_explicit_k_overlaps_them():
+    """With an explicit K, micro-batch i waits for micro-batch i-2's backward (its own
+    forward may overlap micro-batch i-1's); under "auto", chosen for memory, for
+    micro-batch i-1's, so one micro-batch's activations are alive at a time."""
+    scope = lambda i: "gradients" if i == 0 else f"gradients_{i}"
+    explicit = picasso.optimize(build(), micro_batches=4)
+    explicit.compile(optimizer="adagrad", loss="binary_crossentropy")
+    assert _backwards_waited_for(explicit, 4) == {0: set(), 1: set(), 2: {scope(0)}, 3: {scope(1)}}
+    roomy, data = _auto(2**40)
+    roomy.compile(optimizer="adagrad", loss="binary_crossentropy")
+    roomy.train_on_batch(*data[0])
+    auto, _ = _auto(int(_auto_plan(roomy)["per_sample_bytes"] * 8.5))
+    auto.compile(optimizer="adagrad", loss="binary_crossentropy")
+    assert _backwards_waited_for(auto, 4) == {0: set(), 1: {scope(0)}, 2: {scope(1)}, 3: {scope(2)}}
+    assert _auto_plan(auto)["chosen"] == 4
 
 
 def test_batch_normalisation_is_refused_with_the_reason():

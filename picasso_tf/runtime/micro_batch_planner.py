@@ -44,9 +44,9 @@ def micro_batch_count(batch, micro_batch_size):
 
 
 def default_budget():
-    """A quarter of the memory available now: with the next micro-batch's forward
-    overlapping a backward, two micro-batches' activations may be alive at once, and the
-    rest is left to the data pipeline and the allocators' slack."""
+    """A quarter of the memory available now: "auto" runs one micro-batch at a time, and
+    the rest is left to the whole batch's tensors (its inputs, predictions and gathered
+    gradients), the data pipeline and the allocators' slack."""
     try:
         with open("/proc/meminfo") as f:
             available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))

@@ -11,7 +11,9 @@ Micro-batch i+1's inputs wait for micro-batch i's loss and micro-batch i-1's
 gradients: the micro-batches run one after another, each one's lookups and forward
 free to overlap the previous one's backward (TensorFlow's inter-op threads schedule
 them), and at most two micro-batches' activations are alive at once instead of the
-whole batch's (benchmarks/micro_batch_memory.py measures the peak).
+whole batch's. micro_batches="auto", which picks K for memory, runs them one at a
+time instead (micro-batch i+1 waits for micro-batch i's gradients): one micro-batch's
+activations alive, no overlap (benchmarks/micro_batch_memory.py measures the peak).
 
 From the embedding layer (Fig. 8b, the default; LookupCopies) each micro-batch runs
 the whole model, its own copy of the fused lookups included, and its backward stops
@@ -42,14 +44,15 @@ MEAN_REDUCTIONS = ("auto", "sum_over_batch_size")
 LOOKUP_OPS = ("PicassoPackedLookup", "PicassoStitchedLookup", "PicassoStitchedProjection")
 
 
-def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None):
+def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_at_a_time=False):
     """Trains one step of `step` (a TrainingStep) over k micro-batches of `data`
     ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight, forward=None) gives a
     micro-batch's (predictions, mean loss), from the model's forward pass or, given a
     `forward`, from that one. `cut` (embedding_cut's): with an EmbeddingCut
     (interleave_from="mlp") the fused lookups run once on the whole batch and only the
     rest per micro-batch; with LookupCopies each micro-batch runs its own copy of them,
-    and their backward runs once. Returns the whole batch's predictions."""
+    and their backward runs once. one_at_a_time: each micro-batch waits for the previous
+    one's gradients, not only its loss. Returns the whole batch's predictions."""
     parts, shares, bounds = split_batch(data, k)
     mlp = isinstance(cut, EmbeddingCut)
     embeddings = cut.embed(data[0]) if mlp else []
@@ -58,7 +61,7 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None):
     gradients, done, predictions, losses, gathered_grads, copies = [], [], [], [], [], []
     graph = tf.compat.v1.get_default_graph()
     for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
-        ready = losses[-1:] + (done[-2] if i >= 2 else [])
+        ready = losses[-1:] + (done[-1] if one_at_a_time and i else done[-2] if i >= 2 else [])
         rows = [parts[i] for parts in cut_parts]
         with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
             x = tf.nest.map_structure(_identity, x)
