@@ -529,7 +529,7 @@ class PicassoModel(tf.keras.Model):
             forward = RewrittenForward(training.captured, self.picasso.storages, looked_up)
 
             def ids(batch):
-                forward._fetched(conform_inputs(forward.captured.input_specs, batch))
+                forward.fetch_rows(conform_inputs(forward.captured.input_specs, batch))
                 return looked_up.ids
             self._looked_up_ids = tf.function(ids, reduce_retracing=True, autograph=False)
         return self._looked_up_ids(features)

@@ -94,11 +94,32 @@ def test_two_ranks_train_like_one_rank_with_the_whole_batch(trained, optimizer, 
         assert run["distribute"]["sharded"] == ["packed_float32_d4", "packed_float32_d8"]
     else:
         assert "sharded" not in run["distribute"] and len(run["distribute"]["replicated"]) == 2
+    _assert_equal_up_to_summation_order(one, two)
+
+
+def _assert_equal_up_to_summation_order(one, two):
     assert len(one) == len(two)
     for a, b in zip(one, two):
         # Tables (2-D, embedding-shaped) are equal up to summation order; dense weights within 1e-6.
         scale = max(float(np.abs(a).max()), 1e-3)
         assert float(np.abs(a - b).max()) <= 1e-6 * max(scale, 1.0), (a.shape, float(np.abs(a - b).max()))
+
+
+@pytest.mark.parametrize("start, alltoalls", [("embedding", 6), ("mlp", 3)])
+def test_two_ranks_over_micro_batches_train_like_one_rank_with_the_whole_batch(trained, tmp_path, start, alltoalls):
+    """micro_batches=2 on each of 2 ranks: from the embedding each micro-batch exchanges
+    its own rows (ids out, rows back, row gradients back) and differentiates its own
+    lookups; from the MLP the whole batch's rows are exchanged once. Either way one
+    Allreduce of the summed dense gradients, one update, and the step of one process
+    on the whole batch."""
+    check_ran(horovodrun_worker([tmp_path, "--optimizers", "sgd,adam", "--micro-batches", 2,
+                                 "--interleave-from", start], 2))
+    for optimizer in ("sgd", "adam"):
+        run = json.load(open(tmp_path / f"{optimizer}.json"))
+        assert run["steps"] == 20 and run["distribute"]["sharded"] == ["packed_float32_d4", "packed_float32_d8"]
+        assert run["collectives"] == {"HorovodAlltoall": alltoalls, "HorovodGroupedAllreduce": 1}
+        _assert_equal_up_to_summation_order(_arrays(trained / "out1" / f"{optimizer}.npz"),
+                                            _arrays(tmp_path / f"{optimizer}.npz"))
 
 
 def test_one_alltoallv_each_way_and_one_allreduce_per_step(trained):
@@ -197,3 +218,24 @@ def test_a_rank_that_dies_stops_the_others(tmp_path):
     assert done.returncode != 0
     assert "exited with non-zero status" in done.stderr and "Exit code: 17" in done.stderr, done.stderr[-2000:]
     assert not os.path.exists(tmp_path / "sgd.npz")
+
+
+def test_micro_batches_auto_is_refused_under_horovod(tmp_path):
+    """Each rank would pick its own K from its own memory, and the ranks' per-micro-batch
+    exchanges must pair up."""
+    done = horovodrun_worker([tmp_path, "--optimizers", "sgd", "--micro-batches", "auto"], 2)
+    assert done.returncode != 0
+    assert "micro_batches='auto' with hybrid parallelism over 2 ranks" in done.stdout + done.stderr
+
+
+def test_interleaving_groups_under_horovod_train_as_one_group(tmp_path):
+    """K-interleaving on 2 ranks: the two packed lookups in two chained groups, after the
+    step's one exchange; the same collectives, and training bit for bit as one group."""
+    for groups in (1, 2):
+        check_ran(horovodrun_worker([tmp_path / f"groups{groups}", "--optimizers", "sgd", "--no-stitching",
+                                     "--interleave-groups", groups], 2))
+    run = json.load(open(tmp_path / "groups2" / "sgd.json"))
+    assert len(run["k_interleave"]["groups"]) == 2 and run["k_interleave"]["changed"]
+    assert run["collectives"] == {"HorovodAlltoall": 3, "HorovodGroupedAllreduce": 1}
+    for a, b in zip(_arrays(tmp_path / "groups1" / "sgd.npz"), _arrays(tmp_path / "groups2" / "sgd.npz")):
+        np.testing.assert_array_equal(a, b)

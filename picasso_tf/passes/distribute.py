@@ -26,10 +26,13 @@ def distribute(program, graph, config):
     world = current_world()
     if not world.distributed:
         return program, {"changed": False, "why": "single process: nothing to distribute"}
-    if config.micro_batches != 1:
+    if config.micro_batches == "auto":
+        # Each rank would pick K from its own memory and warm-up batch, and the ranks'
+        # exchanges per micro-batch must pair up.
         raise UnsupportedModelError(
-            f"picasso_tf: micro_batches={config.micro_batches!r} with hybrid parallelism over {world.size} ranks is "
-            "not built yet (each micro-batch would need its own exchange); use micro_batches=1 under Horovod")
+            f"picasso_tf: micro_batches='auto' with hybrid parallelism over {world.size} ranks would let each rank "
+            "pick its own number of micro-batches, and every rank must run as many (each exchanges its rows); "
+            "give micro_batches a number under Horovod")
     captured = program.graphs[graph]
     index = GraphIndex(captured.graph_def)
     reads = table_reads(captured, index)            # group -> ReadTables node

@@ -25,7 +25,10 @@ need no summing across micro-batches, and a gradient kernel may update its table
 place as in a step without micro-batches. The price is the whole batch of those
 gradients, held until the last micro-batch's backward: from the embedding,
 micro_batches="auto" (K chosen to fit a memory budget) does not pay it, and each
-micro-batch keeps its lookups' backward.
+micro-batch keeps its lookups' backward. So does a lookup reading rows fetched per
+step (hybrid parallelism): from the embedding each micro-batch fetches its own rows,
+and its backward returns their gradients to their owners; from the MLP the embedding
+part fetches the whole batch's once.
 """
 import copy
 
@@ -202,9 +205,17 @@ class LookupCopies:
                                  f"lookups {missing}; please report this model")
         copies = {node: found[0] for node, found in by_node.items()}
         if self.gathered is None:
-            self.gathered = [node for node, op in copies.items() if _one_row_per_example(op)
+            self.gathered = [node for node, op in copies.items() if _one_row_per_example(op) and not _exchanged(op)
                              and not _reads_lookups(op, set(copies.values()) - {op}, set(operations))]
         return tuple(copies[node] for node in self.gathered)
+
+
+def _exchanged(op):
+    """Whether the lookup `op` reads rows its micro-batch fetched (hybrid parallelism,
+    passes/fetched_rows.py): each copy reads other rows, so no one op can take the
+    copies' joined inputs, and each micro-batch differentiates its own copy, the row
+    gradients going back to their owners in its reverse AllToAllv."""
+    return "exchanged" in op.node_def.attr and op.get_attr("exchanged")
 
 
 def _one_row_per_example(op):
@@ -255,11 +266,15 @@ class EmbeddingCut:
         self.dense_graph = None
 
     def embed(self, features):
-        """The cut tensors' values on the whole batch."""
+        """The cut tensors' values on the whole batch (its rows fetched once, under
+        hybrid parallelism)."""
         c = self.forward.captured
-        return import_forward(self.embedding_graph, c.input_tensors, conform_inputs(c.input_specs, features),
-                              _present(self.embedding_graph, self.forward.captures), self.tensors,
-                              name="picasso_embedding")
+        features = conform_inputs(c.input_specs, features)
+        captures = dict(self.forward.captures)
+        if self.forward.fetch is not None:
+            captures.update(self.forward.fetch_rows(features))
+        return import_forward(self.embedding_graph, c.input_tensors, features,
+                              _present(self.embedding_graph, captures), self.tensors, name="picasso_embedding")
 
     def dense(self, rows):
         """A RewrittenForward of the dense part, with `rows` (a micro-batch's rows of the
@@ -268,6 +283,7 @@ class EmbeddingCut:
             self.dense_graph, self.placeholders = dense_part(self.forward.captured, self.tensors, rows)
         forward = copy.copy(self.forward)
         forward.captured = self.dense_graph
+        forward.fetch = None        # the embedding part fetched the whole batch's rows
         forward.captures = _present(self.dense_graph.graph_def, {**self.forward.captures,
                                                                  **dict(zip(self.placeholders, rows))})
         return forward

@@ -65,7 +65,7 @@ class RewrittenForward:
         inputs = conform_inputs(c.input_specs, inputs)
         captures = dict(self.captures)
         if self.fetch is not None:
-            captures.update(self._fetched(inputs))
+            captures.update(self.fetch_rows(inputs))
         tensors = import_forward(c.graph_def, c.input_tensors, inputs, captures, names)
         flat_outputs = tensors[:len(outs)]
         mask_values = iter(tensors[len(outs):len(outs) + len(masks)])
@@ -79,7 +79,7 @@ class RewrittenForward:
         reg = tensors[-1] if c.regularization_loss else None
         return outputs, reg
 
-    def _fetched(self, inputs):
+    def fetch_rows(self, inputs):
         """What the FetchedRows and ExchangedIds placeholders take: the part of the graph computing the ids
         runs first (its results then feed the whole graph's copy of it), the rows are
         fetched, and each site's ids become positions in its group's rows; and the

@@ -3,7 +3,8 @@ or as one process (no Horovod), for tests/test_horovod.py.
 
     hybrid_training.py OUT_DIR [--optimizers sgd,adagrad,adam] [--batches-rank1 K]
                                [--restore DIR] [--save DIR] [--no-train] [--hybrid-hash]
-                               [--wire-dtype float16] [--count-bytes]
+                               [--wire-dtype float16] [--count-bytes] [--micro-batches K]
+                               [--interleave-from mlp] [--interleave-groups N] [--no-stitching]
 
 Every rank reads the same global batches of 64 samples and keeps its contiguous share,
 so N ranks train on the samples one process trains on. Per optimizer, rank 0 writes
@@ -149,7 +150,9 @@ def run(args, optimizer, size, rank):
     dataset = rank_share(features, labels, batches, size, rank)
     model = picasso_tf.optimize(build(), replicate_tables_below=args.replicate_below, hybrid_hash=args.hybrid_hash,
                                 hot_storage_bytes=args.hot_bytes, hot_warmup_steps=3, hot_refresh_every=4,
-                                wire_dtype=args.wire_dtype)
+                                wire_dtype=args.wire_dtype, micro_batches=args.micro_batches,
+                                interleave_from=args.interleave_from, interleave_groups=args.interleave_groups,
+                                interleave_excluded=(), stitching=args.stitching)
     model.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     if args.restore:
         model.load_weights(os.path.join(args.restore, optimizer, "ckpt"))
@@ -176,7 +179,8 @@ def run(args, optimizer, size, rank):
             json.dump({"size": size, "collectives": counts, "steps": int(model.optimizer.iterations.numpy()),
                        "losses": losses.losses, "bytes_per_step": {
                            k: int(v.numpy()) / max(len(losses.losses), 1) for k, v in SENT.items()},
-                       "distribute": next(p for p in report if p["pass"] == "distribute")}, f, default=str)
+                       "distribute": next(p for p in report if p["pass"] == "distribute"),
+                       "k_interleave": next(p for p in report if p["pass"] == "k_interleave")}, f, default=str)
 
 
 def main():
@@ -193,6 +197,11 @@ def main():
     parser.add_argument("--hot-bytes", type=int, default=2000, help="their hot tier, refreshed every 4 steps")
     parser.add_argument("--wire-dtype", default="float32", help="config.wire_dtype")
     parser.add_argument("--count-bytes", action="store_true", help="count the bytes each AllToAllv sends")
+    parser.add_argument("--micro-batches", type=lambda a: a if a == "auto" else int(a), default=1,
+                        help="config.micro_batches")
+    parser.add_argument("--interleave-from", default="embedding", help="config.interleave_from")
+    parser.add_argument("--interleave-groups", type=int, default=1, help="config.interleave_groups (none excluded)")
+    parser.add_argument("--no-stitching", dest="stitching", action="store_false", help="config.stitching=False")
     args = parser.parse_args()
     size, rank = world()
     if args.count_bytes:
