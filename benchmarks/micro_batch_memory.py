@@ -13,9 +13,10 @@ steps and print the median and the min-max:
 - by default, each step's peak RSS (VmHWM) above the RSS before it, under PEAK_ENV;
 - with --tensors, the bytes of the tensors the step made that are alive at its peak,
   from TensorFlow's memory profiler (TENSORS_ENV: oneDNN's CPU allocator, which keeps
-  the statistics), the batch given as tensors made before the step. This counts what
-  the step's ops allocate and nothing else: not the allocators' slack, the batch, nor
-  the kernels' scratch memory outside TensorFlow's allocator.
+  the statistics), the batch given as tensors made before the step. A diagnostic of
+  which large tensors are alive at the peak: the profile does not see allocations
+  under 256 KiB (oneDNN's allocator serves them from a pool of its own), so it
+  undercounts, and more so at large K, whose micro-batches' tensors are smaller.
 
 Beside K=1's, the activation bytes that micro_batches="auto" plans with (the forward
 pass's tensors on the batch, runtime.micro_batch_planner.activation_bytes). Speed is not
@@ -94,7 +95,8 @@ def step_peaks(model, x, y, steps=PEAK_STEPS):
 def tensor_peaks(model, x, y, steps=PEAK_STEPS):
     """Each of `steps` training steps' bytes of tensors alive at its peak, from
     TensorFlow's memory profiler: the allocations made while the step was traced and
-    still alive at the peak of the CPU allocator's use."""
+    still alive at the peak of the CPU allocator's use (those of 256 KiB and more: see
+    the module docstring)."""
     import glob
     import shutil
     import tempfile

@@ -249,6 +249,13 @@ class PicassoModel(tf.keras.Model):
                 f"picasso_tf: hot_refresh='lookahead' refreshes the hot tier from the batches one process reads "
                 f"ahead; under Horovod ({world.size} ranks) each rank's hash table serves the others' lookups too. "
                 "Use hot_refresh='counts' (Algorithm 1), or train on one process")
+        if world.distributed and config.micro_batches == "auto":
+            # Each rank would pick K from its own memory and warm-up batch, and the ranks'
+            # collectives per micro-batch (the ids check, the row exchange) must pair up.
+            raise UnsupportedModelError(
+                f"picasso_tf: micro_batches='auto' under Horovod ({world.size} ranks) would let each rank pick its own "
+                "number of micro-batches, and every rank must run as many (each exchanges its ids and rows); give "
+                "micro_batches a number")
         if world.distributed:
             with tf.init_scope():
                 # Replicas start equal, and shards are cut from rank 0's tables.
@@ -380,7 +387,8 @@ class PicassoModel(tf.keras.Model):
             y_pred = run_micro_batches(self._training_step(), self.optimizer, forward_and_loss,
                                        (x, y, sample_weight), k,
                                        embedding_cut(self._forward[True], self.picasso.program, self.picasso.config),
-                                       one_at_a_time=self.picasso.config.micro_batches == "auto")
+                                       one_at_a_time=self.picasso.config.micro_batches == "auto"
+                                       or self.picasso.world.distributed)
             return self.compute_metrics(x, y, y_pred, sample_weight)
         step = self._training_step()     # first: it binds the storage to the optimizer the forward pass reads
         y_pred = self(x, training=True)

@@ -129,7 +129,8 @@ class Config:
       micro-batch's own lookup backward and runs the micro-batches one at a time (one
       micro-batch's activations alive, none overlapping the previous one's backward).
       Under Horovod an explicit K exchanges each micro-batch's rows apart (from the
-      embedding) and "auto" is refused: every rank must run as many micro-batches.
+      embedding) and runs the micro-batches one at a time (a refused step then leaves
+      no collective half-run); "auto" is refused: every rank must run as many.
     interleave_from: where micro-batches start (paper Fig. 8): "embedding" (the
       default, Fig. 8b) splits the batch at the inputs, each micro-batch running the
       whole model; "mlp" (Fig. 8a) runs the fused lookups once on the whole batch and

@@ -225,7 +225,7 @@ def test_micro_batches_auto_is_refused_under_horovod(tmp_path):
     exchanges must pair up."""
     done = horovodrun_worker([tmp_path, "--optimizers", "sgd", "--micro-batches", "auto"], 2)
     assert done.returncode != 0
-    assert "micro_batches='auto' with hybrid parallelism over 2 ranks" in done.stdout + done.stderr
+    assert "micro_batches='auto' under Horovod (2 ranks)" in done.stdout + done.stderr
 
 
 def test_interleaving_groups_under_horovod_train_as_one_group(tmp_path):

@@ -1,6 +1,6 @@
-"""The row exchange of hybrid parallelism: each step, every rank fetches the rows its
-batch looks up from the ranks that hold them, in two AllToAllv for all groups
-together. A row-sharded table's row id lives on rank id // block (picasso_tf.embedding.
+"""The row exchange of hybrid parallelism: each step (each micro-batch, under
+micro_batches=K from the embedding), every rank fetches the rows its batch looks up
+from the ranks that hold them, in two AllToAllv for all groups together. A row-sharded table's row id lives on rank id // block (picasso_tf.embedding.
 sharded: contiguous blocks), a hash-backed table's on rank id % size.
 
 Requester (every rank, for its batch): per group, the ids of its sites become keys
@@ -47,7 +47,8 @@ by the fused kernels, which would fail on their rank alone. So its sites' ids ar
 checked here too (``in_place``), reported like the exchanged ones, and reach the
 kernels only once no rank reported one. A step with no exchanged group still sends the
 ids' AllToAllv for them, holding no keys (``RowExchange([])``): the only collective
-before the forward pass, which the Allreduce of the gradients comes after.
+before the forward pass (of each micro-batch, which waits for the previous one's
+backward: runtime/micro_batches.py), which the Allreduce of the gradients comes after.
 """
 import tensorflow as tf
 
@@ -196,7 +197,8 @@ class RowExchange:
         part it sent); else the error every rank raises alike, naming the first reporting
         rank, the feature and the id (features, limits: per request numbered as
         reported), before any table of any rank changes and before any other
-        collective, so that every rank can go on to the next step."""
+        collective of the step (but the earlier micro-batches' finished ones), so that
+        every rank can go on to the next step."""
         tag = received[:, 0] if self.wide else received
         starts = tf.cumsum(received_splits, exclusive=True)
         head = tf.gather(tf.concat([tag, tf.zeros([1], tf.int64)], 0), starts)     # a sender's first key

@@ -17,7 +17,6 @@ storage spreads their keys over the ranks itself (picasso_tf.embedding.dynamic_v
 import dataclasses
 
 from picasso_tf.distributed.world import current_world
-from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.graph_def_util import GraphIndex
 from picasso_tf.passes.fetched_rows import fetch_rows_per_step, table_reads, why_read_in_place
 
@@ -26,13 +25,6 @@ def distribute(program, graph, config):
     world = current_world()
     if not world.distributed:
         return program, {"changed": False, "why": "single process: nothing to distribute"}
-    if config.micro_batches == "auto":
-        # Each rank would pick K from its own memory and warm-up batch, and the ranks'
-        # exchanges per micro-batch must pair up.
-        raise UnsupportedModelError(
-            f"picasso_tf: micro_batches='auto' with hybrid parallelism over {world.size} ranks would let each rank "
-            "pick its own number of micro-batches, and every rank must run as many (each exchanges its rows); "
-            "give micro_batches a number under Horovod")
     captured = program.graphs[graph]
     index = GraphIndex(captured.graph_def)
     reads = table_reads(captured, index)            # group -> ReadTables node

@@ -115,7 +115,7 @@ def _plan(previous, report, forward, warmup_data, features, loss_refusal, config
     size = eq2_micro_batch_size([(budget, per_sample)])
     k = micro_batch_count(batch, size)
     plan = {"chosen": k, "batch": batch, "batch_from": source, "warmup_batch": warmup_rows,
-            "per_sample_bytes": round(per_sample, 1), "budget_bytes": int(budget), "micro_batch_size": size}
+            "per_sample_bytes": per_sample, "budget_bytes": int(budget), "micro_batch_size": size}
     need = f"{batch} samples x {per_sample:,.0f} B of activations per sample = {batch * per_sample:,.0f} B"
     if k == 1:
         plan["why"] = f"{need}, within the budget of {budget:,} B: the batch stays whole"

@@ -14,6 +14,10 @@ them), and at most two micro-batches' activations are alive at once instead of t
 whole batch's. micro_batches="auto", which picks K for memory, runs them one at a
 time instead (micro-batch i+1 waits for micro-batch i's gradients): one micro-batch's
 activations alive, no overlap (benchmarks/micro_batch_memory.py measures the peak).
+So does a step under Horovod: there each micro-batch's forward begins with a
+collective (its ids' AllToAllv, which checks them on every rank), and a step that one
+refuses must leave no earlier micro-batch's collective (its row gradients' reverse
+AllToAllv) submitted on one rank and cancelled on another.
 
 From the embedding layer (Fig. 8b, the default; LookupCopies) each micro-batch runs
 the whole model, its own copy of the fused lookups included, and its backward stops
@@ -54,8 +58,9 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_
     `forward`, from that one. `cut` (embedding_cut's): with an EmbeddingCut
     (interleave_from="mlp") the fused lookups run once on the whole batch and only the
     rest per micro-batch; with LookupCopies each micro-batch runs its own copy of them,
-    and their backward runs once. one_at_a_time: each micro-batch waits for the previous
-    one's gradients, not only its loss. Returns the whole batch's predictions."""
+    and the backward of those LookupCopies.find gathers runs once. one_at_a_time: each
+    micro-batch waits for the previous one's gradients, not only its loss. Returns the
+    whole batch's predictions."""
     parts, shares, bounds = split_batch(data, k)
     mlp = isinstance(cut, EmbeddingCut)
     embeddings = cut.embed(data[0]) if mlp else []

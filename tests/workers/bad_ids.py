@@ -1,7 +1,7 @@
 """A batch with an id outside its table on one rank only, under `horovodrun -np 2 --gloo`,
 for tests/test_horovod_bad_ids.py.
 
-    bad_ids.py OUT_DIR --model hashed|vocabulary|replicated|mixed
+    bad_ids.py OUT_DIR --model hashed|vocabulary|replicated|mixed|mixed_micro_batches
 
 "hashed": hybrid_training's model with hash-backed tables (hybrid_hash=True, a small
 hot tier), the bad id a user's (5000; the table has 1000 rows). "vocabulary":
@@ -10,7 +10,9 @@ make the exchange send pairs, beside a row-sharded table), the bad id a city's (
 50 rows). "replicated": hybrid_training's model as picasso_tf.optimize makes it by
 default, every table small enough to stay whole on each rank, the bad id a user's.
 "mixed": the same with its 8-wide group (user, item, city) row-sharded and its 4-wide
-one (flag, history) replicated, the bad id a history's (5000; 500 rows). Each trains with Adagrad, one global batch per step: 3 steps, then a step
+one (flag, history) replicated, the bad id a history's (5000; 500 rows).
+"mixed_micro_batches": "mixed" at micro_batches=2, the bad id in rank 1's second
+micro-batch. Each trains with Adagrad, one global batch per step: 3 steps, then a step
 whose bad id is in rank 1's share only, whose error every rank catches, then 3 more
 steps; and a second model the same 6 good steps with no bad one. Every rank writes
 OUT_DIR/rankR.json: the error it caught, whether everything it holds of the model
@@ -32,11 +34,13 @@ import vocabulary_training
 from hybrid_training import OPTIMIZERS, collectives, hvd, rank_share, world
 
 MODELS = {"hashed": (hybrid_training, "user", 5000), "vocabulary": (vocabulary_training, "city", 500),
-          "replicated": (hybrid_training, "user", 5000), "mixed": (hybrid_training, "history", 5000)}
+          "replicated": (hybrid_training, "user", 5000), "mixed": (hybrid_training, "history", 5000),
+          "mixed_micro_batches": (hybrid_training, "history", 5000)}
 # hybrid_training's groups: 8-wide 1703 rows (54,496 bytes), 4-wide 501 rows (8,016 bytes).
 OPTIONS = {"hashed": dict(replicate_tables_below=0, hybrid_hash=True, hot_storage_bytes=2000, hot_warmup_steps=1,
                           hot_refresh_every=2),
-           "replicated": {}, "mixed": dict(replicate_tables_below=20000)}
+           "replicated": {}, "mixed": dict(replicate_tables_below=20000),
+           "mixed_micro_batches": dict(replicate_tables_below=20000, micro_batches=2)}
 
 
 def make(name):
@@ -81,8 +85,9 @@ def main():
     model = make(args.model)
     losses = [step(model, b) for b in batches[:3]]
     x, y = batches[3]
-    if rank == 1:
-        x = dict(x, **{feature: np.where(np.arange(len(y))[:, None] == 1, bad_id, x[feature])})
+    if rank == 1:       # row 1; with micro-batches the last row, in the last micro-batch
+        row = len(y) - 1 if "micro" in args.model else 1
+        x = dict(x, **{feature: np.where(np.arange(len(y))[:, None] == row, bad_id, x[feature])})
     before = state(model)
     error = None
     try:
