@@ -1,7 +1,8 @@
 """The row exchange of hybrid parallelism: each step (each micro-batch, under
 micro_batches=K from the embedding), every rank fetches the rows its batch looks up
-from the ranks that hold them, in two AllToAllv for all groups together. A row-sharded table's row id lives on rank id // block (picasso_tf.embedding.
-sharded: contiguous blocks), a hash-backed table's on rank id % size.
+from the ranks that hold them, in two AllToAllv for all groups together. A
+row-sharded table's row id lives on rank id // block (picasso_tf.embedding.sharded:
+contiguous blocks), a hash-backed table's on rank id % size.
 
 Requester (every rank, for its batch): per group, the ids of its sites become keys
 (table number << 40 | id), deduplicated, and are partitioned by owner. One buffer
