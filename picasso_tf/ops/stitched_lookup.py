@@ -54,7 +54,6 @@ def _stitched_lookup_gradient(op, grad):
     segment_ids = op.inputs[g + n:g + 2 * n]
     weights = op.inputs[g + 2 * n:g + 3 * n]
     num_segments = op.inputs[g + 3 * n:g + 4 * n]
-    dense = op.inputs[g + 4 * n:]
     attrs = lookup_attrs(op)
     table_index, columns = op.get_attr("table_index"), op.get_attr("columns")
     row_blocks = op.get_attr("row_blocks")
@@ -97,9 +96,14 @@ def _stitched_lookup_gradient(op, grad):
             for t, rows, values in zip(wanted, unique_rows, row_grads):
                 table_grads[t] = row_sparse_gradient(tables[t], rows, values)
 
+    return table_grads + [None] * (2 * n) + weight_grads + [None] * n + dense_gradients(op, grad)
+
+
+def dense_gradients(op, grad):
+    """The gradients of the stitched lookup `op`'s dense inputs, from `grad`, its
+    output's: their columns of it, in their shapes."""
+    g, n = op.get_attr("G"), op.get_attr("N")
     rows = tf.shape(grad)[0]
-    dense_grads = [tf.reshape(tf.slice(grad, [0, col], [-1, tf.size(x) // tf.maximum(rows, 1)]),
-                              tf.shape(x))
-                   for x, col in zip(dense, op.get_attr("dense_columns"))]
-    return table_grads + [None] * (2 * n) + weight_grads + [None] * n + dense_grads
+    return [tf.reshape(tf.slice(grad, [0, col], [-1, tf.size(x) // tf.maximum(rows, 1)]), tf.shape(x))
+            for x, col in zip(op.inputs[g + 4 * n:], op.get_attr("dense_columns"))]
 

@@ -26,7 +26,10 @@ pooling of their outputs run once on the whole batch and the micro-batches share
 pooled embeddings. Either way the fused lookups' backward runs once per step, from
 their outputs' gradients gathered from the micro-batches: a table's row gradients
 need no summing across micro-batches, and a gradient kernel may update its tables in
-place as in a step without micro-batches. The price is the whole batch of those
+place as in a step without micro-batches. A stitched lookup's dense inputs (MMoE's
+pooled sequences, stitched beside its one-hot embeddings) take their gradients, their
+columns of its output's, back in each micro-batch, to the lookup they were pooled from,
+whose gathered gradient they join. The price is the whole batch of those
 gradients, held until the last micro-batch's backward: from the embedding,
 micro_batches="auto" (K chosen to fit a memory budget) does not pay it, and each
 micro-batch keeps its lookups' backward. So does a lookup reading rows fetched per
@@ -42,6 +45,7 @@ from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.cut import cut_tensors, dense_part, embedding_part
 from picasso_tf.graph.graph_def_util import split_tensor_name
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
+from picasso_tf.ops.stitched_lookup import dense_gradients
 from picasso_tf.runtime.step import GatheredLookupUpdates
 
 # Keras losses whose value is a mean over the batch's elements: a micro-batch's mean,
@@ -82,9 +86,14 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_
         if isinstance(cut, LookupCopies):
             copies.append(cut.find(graph.get_operations()[first:]))
             rows = [t for op in copies[-1] for t in op.outputs]
-        grads, rows_grads = _backward(step, loss * tf.cast(share, loss.dtype), optimizer.iterations, rows)
+        grads, rows_grads = step.backward_to(loss * tf.cast(share, loss.dtype), optimizer.iterations, rows)
+        mine = len(gradients)
         gradients.append(grads)
-        done.append(_computed(grads) + rows_grads)
+        if copies and copies[-1]:
+            # Past the copies' outputs: their dense inputs (a pooled sequence stitched in).
+            gradients.extend(_dense_inputs_backward(step, optimizer.iterations, copies[-1], rows_grads))
+        rows_grads = [tf.zeros_like(t) if g is None else g for g, t in zip(rows_grads, rows)]
+        done.append([t for g in gradients[mine:] for t in _computed(g)] + rows_grads)
         gathered_grads.append(rows_grads)
         predictions.append(y_pred)
         losses.append(loss)
@@ -98,17 +107,32 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_
     return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
 
 
-def _backward(step, loss, iteration, tensors):
-    """(step.backward(loss), the gradients of loss with respect to `tensors`, zeros
-    where it has none), from one tf.gradients call that stops at `tensors`."""
-    if not tensors:
-        return step.backward(loss, iteration), []
-    extended = copy.copy(step)
-    extended.trainable = step.trainable + list(tensors)
-    grads = extended.backward(loss, iteration, stop=tensors)
-    of = {id(t): g for g, t in grads.dense if any(t is x for x in tensors)}
-    grads.dense = [(g, t) for g, t in grads.dense if id(t) not in of]
-    return grads, [tf.convert_to_tensor(of[id(t)]) if id(t) in of else tf.zeros_like(t) for t in tensors]
+def _dense_inputs_backward(step, iteration, copies, rows_grads):
+    """The backward of a micro-batch's gathered `copies` past their dense inputs (a
+    stitched lookup's tensors copied into its columns): their columns of the copy's
+    output gradient, in `rows_grads` (one per output of `copies`, None where it has
+    none), back to the trainable variables and the other copies' outputs, whose entries
+    in rows_grads it adds to. The whole-batch op takes its dense inputs with their
+    gradient stopped (whole_batch_lookup): through them it would reach each micro-batch's
+    copies of the lookups they read, differentiating those in each micro-batch again.
+    Returns the micro-batch's Gradients of these backwards."""
+    outputs = [t for op in copies for t in op.outputs]
+    position = {id(t): i for i, t in enumerate(outputs)}
+    gradients = []
+    for op in reversed(copies):     # readers first: copies are in the order they were made
+        upstream = rows_grads[position[id(op.outputs[0])]]
+        if op.type != "PicassoStitchedLookup" or upstream is None:
+            continue
+        terms = [_with_gradient(x, g) for x, g in zip(_inputs_by_arg(op)["dense"], dense_gradients(op, upstream))
+                 if x.dtype.is_floating]
+        if not terms:
+            continue
+        grads, more = step.backward_to(tf.add_n(terms), iteration, outputs)
+        gradients.append(grads)
+        for i, g in enumerate(more):
+            if g is not None:
+                rows_grads[i] = g if rows_grads[i] is None else rows_grads[i] + g
+    return gradients
 
 
 def _lookups_backward(step, iteration, copies, micro_batch_grads):
@@ -145,7 +169,7 @@ def _with_gradient(tensor, gradient):
     product each hold another whole batch of the cut tensor."""
     @tf.custom_gradient
     def term(t):
-        return tf.zeros([], t.dtype), lambda upstream: gradient
+        return tf.zeros([], tf.float32), lambda upstream: gradient
     return term(tensor)
 
 
@@ -162,8 +186,10 @@ def whole_batch_lookup(ops):
     for name in first:
         if name in ("tables", "kernel"):
             joined[name] = first[name]
-        elif name in ("ids", "weights", "dense"):
+        elif name in ("ids", "weights"):
             joined[name] = [tf.concat(list(site), 0) for site in zip(*(a[name] for a in args))]
+        elif name == "dense":      # their gradients are the micro-batches' (_dense_inputs_backward)
+            joined[name] = [tf.stop_gradient(tf.concat(list(site), 0)) for site in zip(*(a[name] for a in args))]
         elif name == "num_segments":
             joined[name] = [tf.add_n(list(site)) for site in zip(*(a[name] for a in args))]
         elif name == "segment_ids":
@@ -210,8 +236,11 @@ class LookupCopies:
                                  f"lookups {missing}; please report this model")
         copies = {node: found[0] for node, found in by_node.items()}
         if self.gathered is None:
-            self.gathered = [node for node, op in copies.items() if _one_row_per_example(op) and not _exchanged(op)
-                             and not _reads_lookups(op, set(copies.values()) - {op}, set(operations))]
+            made = {id(op): i for i, op in enumerate(operations) if op.type in LOOKUP_OPS}
+            self.gathered = sorted((node for node, op in copies.items() if _one_row_per_example(op)
+                                    and not _exchanged(op)
+                                    and not _reads_lookups(op, set(copies.values()) - {op}, set(operations))),
+                                   key=lambda node: made[id(copies[node])])
         return tuple(copies[node] for node in self.gathered)
 
 
@@ -236,12 +265,14 @@ def _one_row_per_example(op):
 
 
 def _reads_lookups(op, lookups, within):
-    """Whether a differentiable input of `op` other than its tables is computed, among
-    the ops `within`, from one of `lookups` (a pooled sequence stitched beside other
-    embeddings). Such an op's backward stays in each micro-batch: gathered, its input
-    gradient would reach the other lookups' copies past their gathered gradients."""
+    """Whether a differentiable input of `op` other than its tables and dense inputs
+    (whose gradients _dense_inputs_backward takes back in each micro-batch) is computed,
+    among the ops `within`, from one of `lookups`. Such an op's backward stays in each
+    micro-batch: gathered, its input gradient would reach the other lookups' copies past
+    their gathered gradients."""
     args = _inputs_by_arg(op)
-    todo = [t.op for name, tensors in args.items() if name != "tables" for t in tensors if t.dtype.is_floating]
+    todo = [t.op for name, tensors in args.items() if name not in ("tables", "dense")
+            for t in tensors if t.dtype.is_floating]
     seen = set()
     while todo:
         source = todo.pop()

@@ -193,15 +193,26 @@ class TrainingStep:
             return None
         return kind(self.fused, iteration, **options)
 
-    def backward(self, loss, iteration, in_gradient=None, stop=()):
+    def backward(self, loss, iteration, in_gradient=None):
         """The Gradients of loss; inside in_gradient (an InGradientUpdates) the gradient
-        kernels may update their tables; `stop`: tensors the gradient stops at (as
-        tf.gradients' stop_gradients)."""
+        kernels may update their tables."""
+        return self.backward_to(loss, iteration, (), in_gradient)[0]
+
+    def backward_to(self, loss, iteration, tensors, in_gradient=None):
+        """(The Gradients of loss, its gradients with respect to `tensors`, None where it
+        has none), the gradient stopping at `tensors`. Under loss scaling the latter stay
+        scaled: they are the upstream gradients of a later backward (runtime/
+        micro_batches.py), whose unscaling covers them; unscaled here, float16 ones could
+        underflow."""
+        tensors = list(tensors)
         fetched = self.fetched_rows()
         if self.loss_scale is not None:
             loss = self.loss_scale.get_scaled_loss(loss)    # so that float16 gradients do not underflow
         with update_tables_in_gradient(in_gradient):
-            grads = tf.gradients(loss, self.trainable + [rows for _, _, rows in fetched], stop_gradients=list(stop))
+            grads = tf.gradients(loss, self.trainable + [rows for _, _, rows in fetched] + tensors,
+                                 stop_gradients=tensors)
+        grads, at_tensors = grads[:len(grads) - len(tensors)], grads[len(grads) - len(tensors):]
+        at_tensors = [None if g is None else tf.convert_to_tensor(g) for g in at_tensors]
         if self.loss_scale is not None:
             grads = self.loss_scale.get_unscaled_gradients(grads)
         grads, fetched_grads = grads[:len(self.trainable)], grads[len(self.trainable):]
@@ -217,7 +228,7 @@ class TrainingStep:
                          fetched=[(storage, keys, _per_key(g, rows))
                                   for (storage, keys, rows), g in zip(fetched, fetched_grads)],
                          updated_in_gradient=in_gradient.variables if in_gradient else [],
-                         update_ops=in_gradient.ops if in_gradient else [])
+                         update_ops=in_gradient.ops if in_gradient else []), at_tensors
 
     def accumulate(self, micro_batches):
         """One step's Gradients from the micro-batches': summed per variable, a table's
