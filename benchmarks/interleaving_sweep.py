@@ -5,7 +5,7 @@ at micro_batches=1, interleave_groups=1.
 
     python benchmarks/interleaving_sweep.py [batch] [--models can,mmoe] [--ks 2,4,8] [--groups 2,4]
                                             [--rounds 5] [--steps 6] [--no-peak]
-    python benchmarks/interleaving_sweep.py breakdown [batch]  # W&D's per-op times, K=1 / 2 / 2 from the MLP
+    python benchmarks/interleaving_sweep.py breakdown [batch] [model] [K]  # per-op times, K=1 / K / K from the MLP
 
 batch: default 4096. --models: default all three. --ks: the K > 1 to time, each from the
 embedding and from the MLP (default 2-8 from the embedding, 2, 4, 8 from the MLP).
@@ -34,7 +34,7 @@ import sys
 
 import picasso_tf
 import picasso_tf.models as zoo
-from micro_batch_memory import PEAK_ENV, PEAK_STEPS, step_peaks
+from micro_batch_memory import PEAK_ENV, step_peaks
 from picasso_tf.tools.benchmarking import sections as bench_sections
 from picasso_tf.tools.benchmarking.timing import measure
 
@@ -121,23 +121,23 @@ def main(batch=4096, models=MODELS, ks=None, groups=None, rounds=None, steps=Non
         print(f"{name:<10} fused lookups: {lookups}; load {result['load_average']}", flush=True)
 
 
-def breakdown(batch=4096):
-    """Where W&D's step time goes at K=1, K=2 and K=2 from the MLP: per-op times from a
-    profiler trace (picasso_tf.tools.benchmarking.breakdown)."""
+def breakdown(batch=4096, name="wide_deep", k=2):
+    """Where a model's step time goes at K=1, K=k and K=k from the MLP: per-op times
+    from a profiler trace (picasso_tf.tools.benchmarking.breakdown)."""
     import tensorflow as tf
-    from picasso_tf.data import synthetic
+    from picasso_tf.tools.benchmarking import models as bm
     from picasso_tf.tools.benchmarking.breakdown import op_breakdown
     print(f"batch {batch}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; command: python {' '.join(sys.argv)}")
-    schema = synthetic.preset_schema("criteo", max_buckets=100_000)
-    data = synthetic.generate(schema, batch * 2, seed=1)
-    dataset = tf.data.Dataset.from_tensor_slices((data.features, data.label_dict)).batch(batch).cache().repeat()
-    for label, options in (("K=1", {}), ("K=2", {"micro_batches": 2}),
-                           ("K=2 mlp", {"micro_batches": 2, "interleave_from": "mlp"})):
+    build, data = model_and_data(name, batch * 2)
+    targets = bm.targets(build(), data.label_dict)
+    dataset = tf.data.Dataset.from_tensor_slices((data.features, targets)).batch(batch).cache().repeat()
+    for label, options in (("K=1", {}), (f"K={k}", {"micro_batches": k}),
+                           (f"K={k} mlp", {"micro_batches": k, "interleave_from": "mlp"})):
         tf.keras.utils.set_random_seed(1)
-        model = picasso_tf.optimize(zoo.build("wide_deep", schema), warmup_data=dataset.take(2), **options)
+        model = picasso_tf.optimize(build(), warmup_data=dataset.take(2), **options)
         model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy")
         model.fit(dataset, steps_per_epoch=3, epochs=1, verbose=0)
-        b = op_breakdown(model, dataset, steps=6, top=14)
+        b = op_breakdown(model, dataset, steps=6, top=16)
         print(f"{label}: wall {b['wall_ms_per_step']:.1f} ms/step, ops {b['op_ms_per_step']:.1f} ms/step")
         for r in b["by_type"]:
             print(f"   {r['op']:<36} {r['ms_per_step']:7.2f} ms  x{r['ops_per_step']:.0f}")
@@ -149,7 +149,8 @@ def _ints(text):
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["breakdown"]:
-        breakdown(*(int(a) for a in sys.argv[2:]))
+        batch, name, k = (sys.argv[2:] + [None] * 3)[:3]
+        breakdown(int(batch or 4096), name or "wide_deep", int(k or 2))
     elif sys.argv[1:2] == ["peak"]:
         if any(os.environ.get(key) != value for key, value in PEAK_ENV.items()):
             # malloc reads its settings when the process starts
