@@ -377,15 +377,12 @@ class PicassoModel(tf.keras.Model):
         if k > 1:
             check_losses(self.compiled_loss, k)
 
-            def forward_and_loss(x, y, sample_weight, forward=None):
-                if forward is None:
-                    y_pred = self(x, training=True)
-                else:        # interleave_from="mlp": the dense part, on a micro-batch's embeddings
-                    y_pred, self._last_regularization = forward(x)
+            def forward_and_loss(x, y, sample_weight, forward):
+                y_pred, self._last_regularization = forward(x)
                 return y_pred, self.compute_loss(x, y, y_pred, sample_weight)
 
             y_pred = run_micro_batches(self._training_step(), self.optimizer, forward_and_loss,
-                                       (x, y, sample_weight), k,
+                                       (x, y, sample_weight), k, self._forward[True],
                                        embedding_cut(self._forward[True], self.picasso.program, self.picasso.config),
                                        one_at_a_time=self.picasso.config.micro_batches == "auto"
                                        or self.picasso.world.distributed)

@@ -215,6 +215,28 @@ def test_a_stitched_lookup_reading_a_pooled_sequence_is_differentiated_once_per_
 
 
 @pytest.mark.parametrize("start", ["embedding", "mlp"])
+def test_what_reads_only_weights_runs_once_per_step(start):
+    """Dense packing stacks and lays out the experts' kernels each step, from the weights
+    alone: with micro-batches that part runs once per step, each micro-batch reads its
+    result, and the stacked kernels' gradient (Unpack, into the experts' kernels) is
+    taken once from the micro-batches' summed, as at K=1. (The test above trains this
+    model like the whole batch.)"""
+    def step_ops(k):
+        model = picasso.optimize(build_sequence(experts=2), micro_batches=k, interleave_from=start)
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        return _step_graph(model, sequence_batches(1)[0]).get_operations()
+
+    whole, micro = step_ops(1), step_ops(3)
+    unpacks = [[op for op in ops if op.type == "Unpack" and "dense_pack" in op.name and "_grad" in op.name]
+               for ops in (whole, micro)]
+    assert len(unpacks[0]) == 2 and len(unpacks[1]) == 2, unpacks
+    products = [op for op in micro if op.type == "MatMul" and "dense_pack" in op.name and "_grad" not in op.name
+                and op.outputs[0].consumers()]
+    assert len(products) == 3 and all(op.inputs[1].name.startswith("picasso_invariants/") for op in products), \
+        [(op.name, op.inputs[1].name) for op in products]
+
+
+@pytest.mark.parametrize("start", ["embedding", "mlp"])
 def test_micro_batches_under_mixed_precision_train_like_the_whole_batch(start):
     """The loss scale (a LossScaleOptimizer) is applied once to the gathered gradients
     of the fused lookups' outputs, as to every other gradient. (They were unscaled

@@ -7,10 +7,9 @@ row by row (cut_tensors): a sequence feature's unpooled rows are 50 times its po
 embedding, and the whole batch of them, with their gradients, would otherwise be held
 through every micro-batch."""
 import tensorflow as tf
-from tensorflow.python.framework import op_def_registry
 
-from picasso_tf.graph.graph_def_util import (GraphIndex, canonical, prune, reachable_nodes, rewire, split_tensor_name,
-                                             unique_name)
+from picasso_tf.graph.graph_def_util import (GraphIndex, canonical, computed_from, prune, reachable_nodes, rewire,
+                                             split_tensor_name, unique_name)
 
 # Ops whose output row i reads row i of their inputs only (inputs broadcast to the
 # output's rank): with axis 0 the batch in and out, the cut can move past them.
@@ -28,7 +27,7 @@ def cut_tensors(graph_def, lookup_nodes, input_tensors, needed):
     that the rest of the graph reads or that are `needed` (the graph's outputs). Axis 0
     of each is the batch."""
     index = GraphIndex(graph_def)
-    free = _from_inputs(graph_def, input_tensors)
+    free = computed_from(graph_def, {split_tensor_name(t)[0] for t in input_tensors})
     ranks = _ranks(graph_def)
     layer, todo = set(lookup_nodes), list(lookup_nodes)
     while todo:
@@ -92,34 +91,6 @@ def _row_wise(node, layer, free, ranks, index):
     else:
         return False
     return bool(rank) and bool(axes) and all(a % rank != 0 for a in axes)
-
-
-def _from_inputs(graph_def, input_tensors):
-    """Names of the stateless nodes computed from the batch's inputs and constants alone
-    (a feature's mask or weights), the inputs included."""
-    inputs = {split_tensor_name(t)[0] for t in input_tensors}
-    nodes = {n.name: n for n in graph_def.node}
-    free, seen = set(), set()
-    for root in nodes:                           # depth first, without recursion
-        stack = [root]
-        while stack:
-            name = stack[-1]
-            if name in seen:
-                stack.pop()
-                continue
-            sources = [split_tensor_name(i)[0] for i in nodes[name].input]
-            pending = [s for s in sources if s not in seen]
-            if pending:
-                stack.extend(pending)
-                continue
-            seen.add(name)
-            stack.pop()
-            op = op_def_registry.get(nodes[name].op)
-            if name in inputs or nodes[name].op == "Const" or (
-                    sources and nodes[name].op != "Placeholder" and op is not None and not op.is_stateful
-                    and all(s in free for s in sources)):
-                free.add(name)
-    return free
 
 
 def _ranks(graph_def):

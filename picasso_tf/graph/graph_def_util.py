@@ -5,6 +5,7 @@ A tensor is named "node:index" (":0" may be omitted); a control input is "^node"
 import collections
 
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.framework import op_def_registry
 
 
 def split_tensor_name(name):
@@ -97,6 +98,33 @@ def reachable_nodes(graph_def, output_tensors):
         seen.add(name)
         stack.extend(split_tensor_name(i)[0] for i in nodes[name].input)
     return seen
+
+
+def computed_from(graph_def, roots):
+    """Names of the `roots` nodes and of the stateless nodes computed from them and
+    constants alone (from a batch's inputs: a feature's mask or weights)."""
+    nodes = {n.name: n for n in graph_def.node}
+    free, seen = set(), set()
+    for root in nodes:                           # depth first, without recursion
+        stack = [root]
+        while stack:
+            name = stack[-1]
+            if name in seen:
+                stack.pop()
+                continue
+            sources = [split_tensor_name(i)[0] for i in nodes[name].input]
+            pending = [s for s in sources if s not in seen]
+            if pending:
+                stack.extend(pending)
+                continue
+            seen.add(name)
+            stack.pop()
+            op = op_def_registry.get(nodes[name].op)
+            if name in roots or nodes[name].op == "Const" or (
+                    sources and nodes[name].op != "Placeholder" and op is not None and not op.is_stateful
+                    and all(s in free for s in sources)):
+                free.add(name)
+    return free
 
 
 def prune(graph_def, output_tensors, keep=()):

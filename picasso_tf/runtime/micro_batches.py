@@ -19,6 +19,11 @@ collective (its ids' AllToAllv, which checks them on every rank), and a step tha
 refuses must leave no earlier micro-batch's collective (its row gradients' reverse
 AllToAllv) submitted on one rank and cancelled on another.
 
+What the forward pass computes from the dense weights alone (dense packing's stacked
+kernels) runs once per step, before the micro-batches, which read its values
+(BatchInvariants); their backwards stop there, and its own backward runs once, on the
+values' summed gradients.
+
 From the embedding layer (Fig. 8b, the default; LookupCopies) each micro-batch runs
 the whole model, its own copy of the fused lookups included, and its backward stops
 at their outputs. From the MLP (Fig. 8a, EmbeddingCut) the fused lookups and the
@@ -44,6 +49,7 @@ import tensorflow as tf
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.graph.cut import cut_tensors, dense_part, embedding_part
 from picasso_tf.graph.graph_def_util import split_tensor_name
+from picasso_tf.graph.invariants import batch_invariant
 from picasso_tf.graph.rebuild import conform_inputs, import_forward
 from picasso_tf.ops.stitched_lookup import dense_gradients
 from picasso_tf.runtime.step import GatheredLookupUpdates
@@ -55,11 +61,12 @@ MEAN_REDUCTIONS = ("auto", "sum_over_batch_size")
 LOOKUP_OPS = ("PicassoPackedLookup", "PicassoStitchedLookup", "PicassoStitchedProjection")
 
 
-def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_at_a_time=False):
+def run_micro_batches(step, optimizer, forward_and_loss, data, k, forward, cut=None, one_at_a_time=False):
     """Trains one step of `step` (a TrainingStep) over k micro-batches of `data`
-    ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight, forward=None) gives a
-    micro-batch's (predictions, mean loss), from the model's forward pass or, given a
-    `forward`, from that one. `cut` (embedding_cut's): with an EmbeddingCut
+    ((x, y, sample_weight)); forward_and_loss(x, y, sample_weight, forward) gives a
+    micro-batch's (predictions, mean loss) from `forward` (a RewrittenForward: the
+    model's, or the dense part's), whose batch-invariant part runs once (BatchInvariants).
+    `cut` (embedding_cut's): with an EmbeddingCut
     (interleave_from="mlp") the fused lookups run once on the whole batch and only the
     rest per micro-batch; with LookupCopies each micro-batch runs its own copy of them,
     and the backward of those LookupCopies.find gathers runs once. one_at_a_time: each
@@ -70,7 +77,8 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_
     embeddings = cut.embed(data[0]) if mlp else []
     sizes = tf.stack([e - b for b, e in bounds])
     cut_parts = [_parts(e, bounds, sizes) for e in embeddings]
-    gradients, done, predictions, losses, gathered_grads, copies = [], [], [], [], [], []
+    gradients, done, predictions, losses, gathered_grads, copies, invariant_grads = [], [], [], [], [], [], []
+    invariants = None
     graph = tf.compat.v1.get_default_graph()
     for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
         ready = losses[-1:] + (done[-1] if one_at_a_time and i else done[-2] if i >= 2 else [])
@@ -80,13 +88,19 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_
             # Stopped past the split: the split's gradient (a whole batch of zeros but
             # the micro-batch's rows) is not built only to be dropped.
             rows = [tf.stop_gradient(r) for r in rows]
+        micro_batch_forward = cut.dense(rows) if mlp else forward
+        if invariants is None:
+            invariants = BatchInvariants(micro_batch_forward, step)
         first = len(graph.get_operations())
-        y_pred, loss = forward_and_loss(x, y, sample_weight, forward=cut.dense(rows) if mlp else None)
+        y_pred, loss = forward_and_loss(x, y, sample_weight, forward=invariants.fed(micro_batch_forward))
         _refuse_masked(y_pred, k)
         if isinstance(cut, LookupCopies):
             copies.append(cut.find(graph.get_operations()[first:]))
             rows = [t for op in copies[-1] for t in op.outputs]
-        grads, rows_grads = step.backward_to(loss * tf.cast(share, loss.dtype), optimizer.iterations, rows)
+        grads, rows_grads = step.backward_to(loss * tf.cast(share, loss.dtype), optimizer.iterations,
+                                             rows + invariants.values)
+        rows_grads, at_invariants = rows_grads[:len(rows)], rows_grads[len(rows):]
+        invariant_grads.append(at_invariants)
         mine = len(gradients)
         gradients.append(grads)
         if copies and copies[-1]:
@@ -103,6 +117,7 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, cut=None, one_
                                             step.in_gradient_updates(optimizer.iterations)))
     elif any(copies):
         gradients.append(_lookups_backward(step, optimizer.iterations, copies, gathered_grads))
+    gradients.extend(invariants.backward(step, optimizer.iterations, invariant_grads))
     step.apply(optimizer, step.exchange(step.accumulate(gradients)))
     return tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
 
@@ -171,6 +186,39 @@ def _with_gradient(tensor, gradient):
     def term(t):
         return tf.zeros([], tf.float32), lambda upstream: gradient
     return term(tensor)
+
+
+class BatchInvariants:
+    """The part of a micro-batch's forward graph that reads dense variables and no batch
+    (graph/invariants.py: dense packing's stacked kernels), computed once per step:
+    each micro-batch reads its `values`, and its backward stops at them; their
+    gradients, summed over the micro-batches, go through that part once."""
+
+    def __init__(self, forward, step):
+        c = forward.captured
+        variables = [name for name, value in c.captures.items()
+                     if isinstance(value, tf.Variable) and value.ref() not in step.tables]
+        needed = c.output_tensors + c.mask_tensors + c.logit_tensors + (
+            [c.regularization_loss] if c.regularization_loss else [])
+        self.tensors, graph_def = batch_invariant(c.graph_def, variables, needed)
+        self.values = import_forward(graph_def, [], [], _present(graph_def, forward.captures), self.tensors,
+                                     name="picasso_invariants") if self.tensors else []
+
+    def fed(self, forward):
+        """`forward` reading the values instead of computing them."""
+        if not self.tensors:
+            return forward
+        fed = copy.copy(forward)
+        fed.captures = {**forward.captures, **dict(zip(self.tensors, self.values))}
+        return fed
+
+    def backward(self, step, iteration, micro_batch_grads):
+        """[the Gradients of the invariant part], from the values' gradients in each
+        micro-batch (None where it has none)."""
+        summed = [[g for g in grads if g is not None] for grads in zip(*micro_batch_grads)]
+        terms = [_with_gradient(v, tf.add_n(grads)) for v, grads in zip(self.values, summed)
+                 if grads and v.dtype.is_floating]
+        return [step.backward(tf.add_n(terms), iteration)] if terms else []
 
 
 def whole_batch_lookup(ops):
