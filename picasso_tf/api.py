@@ -221,6 +221,10 @@ class PicassoModel(tf.keras.Model):
         check_has_call(original)
         check_keeps_keras_steps(original)
         super().__init__(name=f"picasso_{original.name}")
+        # Keras casts a subclassed model's float inputs to its compute dtype (float16 under
+        # mixed precision); the rewritten graph already casts them where the original did
+        # (its trace ran through the original's __call__), as a functional model leaves to its layers.
+        self._autocast = False
         self.original = original            # tracked: its variables stay in checkpoints
         self.picasso = PicassoInfo(config or Config(), original)
         self._warmup_data = warmup_data

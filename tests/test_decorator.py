@@ -346,24 +346,31 @@ def test_fit_evaluate_predict_callbacks_and_checkpoints(tmp_path):
 def test_a_mixed_precision_model_trains_exactly_like_keras(packing):
     """Under Keras' mixed_float16 policy the float16 layers read their float32 variables
     through AutoCastVariables, and Keras scales the loss for its LossScaleOptimizer: every
-    variable trains, as in Keras."""
+    variable trains, as in Keras. A float input reaches the graph as it is, not cast to
+    float16 first (a functional model's layers cast their own inputs): a price beyond
+    float16's range, taken to its logarithm in float32, stays finite."""
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         def build():
             tf.keras.utils.set_random_seed(0)
             ids = tf.keras.Input(shape=(3,), dtype=tf.int64, name="ids")
-            hidden = tf.keras.layers.Dense(16, activation="relu")(
-                tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 8)(ids)))
-            return tf.keras.Model(ids, tf.keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden))
+            price = tf.keras.Input(shape=(1,), name="price")
+            scaled = tf.keras.layers.Lambda(lambda p: tf.math.log1p(p) - 11.0, dtype="float32")(price)
+            hidden = tf.keras.layers.Dense(16, activation="relu")(tf.keras.layers.Concatenate()(
+                [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 8)(ids)), scaled]))
+            return tf.keras.Model([ids, price], tf.keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden))
         rng = np.random.default_rng(0)
-        x, y = rng.integers(0, 50, (80, 3)), rng.integers(0, 2, (80, 1)).astype("float32")
+        x = {"ids": rng.integers(0, 50, (80, 3)), "price": rng.uniform(3e4, 1.3e5, (80, 1)).astype("float32")}
+        y = rng.integers(0, 2, (80, 1)).astype("float32")
         keras_model, original = build(), build()
         initial = [w.numpy() for w in original.weights]
         model = picasso.optimize(original, packing=packing)
         losses = {}
         for name, m in (("keras", keras_model), ("picasso", model)):
             m.compile(tf.keras.optimizers.Adagrad(0.5), "binary_crossentropy")
-            losses[name] = [m.train_on_batch(x[i:i + 16], y[i:i + 16]) for i in range(0, 80, 16)]
+            losses[name] = [m.train_on_batch({k: v[i:i + 16] for k, v in x.items()}, y[i:i + 16])
+                            for i in range(0, 80, 16)]
+        assert np.isfinite(losses["keras"]).all()
         np.testing.assert_allclose(losses["picasso"], losses["keras"], rtol=1e-5)
         for a, b, start in zip(keras_model.weights, original.weights, initial):
             np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)

@@ -102,7 +102,8 @@ def reachable_nodes(graph_def, output_tensors):
 
 def computed_from(graph_def, roots):
     """Names of the `roots` nodes and of the stateless nodes computed from them and
-    constants alone (from a batch's inputs: a feature's mask or weights)."""
+    constants alone (from a batch's inputs, a feature's mask or weights; from dense
+    variables' reads, what reads no batch)."""
     nodes = {n.name: n for n in graph_def.node}
     free, seen = set(), set()
     for root in nodes:                           # depth first, without recursion

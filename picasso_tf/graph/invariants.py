@@ -5,15 +5,16 @@ kernels of MMoE's experts that dense packing makes each step. D-interleaving
 micro-batch."""
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, computed_from, prune, split_tensor_name
 
-# A read of a variable (or a constant) passed on as it is: nothing to compute once.
-_PASSED_ON = ("ReadVariableOp", "Identity", "Const")
+# A read of a variable (or a constant) passed on as it is, or cast (mixed precision):
+# nothing to compute once.
+_PASSED_ON = ("ReadVariableOp", "Identity", "Const", "Cast")
 
 
 def batch_invariant(graph_def, variables, needed):
-    """(the invariant tensors that the rest of graph_def, or `needed`, reads, computed
-    by an op other than a read passed on, sorted; graph_def pruned to what computes
-    them). Invariant: computed by stateless ops from constants and the reads of
-    `variables` (placeholders of dense variables), where the graph only reads those."""
+    """(tensors, graph_def pruned to what computes them): the invariant tensors that
+    the rest of graph_def, or `needed`, reads, sorted, leaving out a read passed on as
+    it is. Invariant: computed by stateless ops from constants and the reads of
+    `variables` (placeholders of dense variables) that the graph only reads."""
     index = GraphIndex(graph_def)
     uses = [[use for use, _ in index.node_uses(split_tensor_name(v)[0])] for v in variables]
     # A read with a control input waits for something; a variable written too is read in order.

@@ -107,7 +107,8 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, forward, cut=N
             # Past the copies' outputs: their dense inputs (a pooled sequence stitched in).
             gradients.extend(_dense_inputs_backward(step, optimizer.iterations, copies[-1], rows_grads))
         rows_grads = [tf.zeros_like(t) if g is None else g for g, t in zip(rows_grads, rows)]
-        done.append([t for g in gradients[mine:] for t in _computed(g)] + rows_grads)
+        done.append([t for g in gradients[mine:] for t in _computed(g)] + rows_grads +
+                    [g for g in at_invariants if g is not None])
         gathered_grads.append(rows_grads)
         predictions.append(y_pred)
         losses.append(loss)
@@ -126,8 +127,8 @@ def _dense_inputs_backward(step, iteration, copies, rows_grads):
     """The backward of a micro-batch's gathered `copies` past their dense inputs (a
     stitched lookup's tensors copied into its columns): their columns of the copy's
     output gradient, in `rows_grads` (one per output of `copies`, None where it has
-    none), back to the trainable variables and the other copies' outputs, whose entries
-    in rows_grads it adds to. The whole-batch op takes its dense inputs with their
+    none), back to the other copies' outputs, whose entries in rows_grads it adds to,
+    and to the trainable variables on the way (a dense layer between). The whole-batch op takes its dense inputs with their
     gradient stopped (whole_batch_lookup): through them it would reach each micro-batch's
     copies of the lookups they read, differentiating those in each micro-batch again.
     Returns the micro-batch's Gradients of these backwards."""
@@ -200,9 +201,12 @@ class BatchInvariants:
                      if isinstance(value, tf.Variable) and value.ref() not in step.tables]
         needed = c.output_tensors + c.mask_tensors + c.logit_tensors + (
             [c.regularization_loss] if c.regularization_loss else [])
-        self.tensors, graph_def = batch_invariant(c.graph_def, variables, needed)
-        self.values = import_forward(graph_def, [], [], _present(graph_def, forward.captures), self.tensors,
-                                     name="picasso_invariants") if self.tensors else []
+        tensors, graph_def = batch_invariant(c.graph_def, variables, needed)
+        values = import_forward(graph_def, [], [], _present(graph_def, forward.captures), tensors,
+                                name="picasso_invariants") if tensors else []
+        # Numbers only: a gradient through another kind of value (a TensorList) is not summed here.
+        numeric = [i for i, v in enumerate(values) if v.dtype.is_floating or v.dtype.is_integer]
+        self.tensors, self.values = [tensors[i] for i in numeric], [values[i] for i in numeric]
 
     def fed(self, forward):
         """`forward` reading the values instead of computing them."""
@@ -284,12 +288,29 @@ class LookupCopies:
                                  f"lookups {missing}; please report this model")
         copies = {node: found[0] for node, found in by_node.items()}
         if self.gathered is None:
-            made = {id(op): i for i, op in enumerate(operations) if op.type in LOOKUP_OPS}
-            self.gathered = sorted((node for node, op in copies.items() if _one_row_per_example(op)
-                                    and not _exchanged(op)
-                                    and not _reads_lookups(op, set(copies.values()) - {op}, set(operations))),
-                                   key=lambda node: made[id(copies[node])])
+            self.gathered = _gathered(copies, operations)
         return tuple(copies[node] for node in self.gathered)
+
+
+def _gathered(copies, operations):
+    """The nodes of `copies` ({node: its copy in one micro-batch}) whose backward can be
+    gathered, in the order their copies were made (a lookup before those reading it).
+    Not: unpooled sequences, exchanged rows, an op whose inputs but its tables and dense
+    inputs come from another lookup (gathered, its input gradient would reach the other
+    lookups' copies past their gathered gradients), or whose dense inputs come from a
+    lookup not gathered (_dense_inputs_backward would differentiate that one again)."""
+    within, others = set(operations), set(copies.values())
+    gathered = {node for node, op in copies.items() if _one_row_per_example(op) and not _exchanged(op)
+                and not _lookups_read(op, others - {op}, within, dense=False)}
+    while True:
+        kept = {copies[node] for node in gathered}
+        dropped = {node for node in gathered if _lookups_read(copies[node], others - {copies[node]}, within,
+                                                              dense=True) - kept}
+        if not dropped:
+            break
+        gathered -= dropped
+    made = {id(op): i for i, op in enumerate(operations) if op.type in LOOKUP_OPS}
+    return sorted(gathered, key=lambda node: made[id(copies[node])])
 
 
 def _exchanged(op):
@@ -312,25 +333,22 @@ def _one_row_per_example(op):
     return all(t.shape.rank is not None and t.shape.rank <= 2 for t in op.outputs)
 
 
-def _reads_lookups(op, lookups, within):
-    """Whether a differentiable input of `op` other than its tables and dense inputs
-    (whose gradients _dense_inputs_backward takes back in each micro-batch) is computed,
-    among the ops `within`, from one of `lookups`. Such an op's backward stays in each
-    micro-batch: gathered, its input gradient would reach the other lookups' copies past
-    their gathered gradients."""
+def _lookups_read(op, lookups, within, dense):
+    """Those of `lookups` that differentiable inputs of `op` are computed from, among
+    the ops `within`: through its dense inputs (`dense`), or through the others but its
+    tables."""
     args = _inputs_by_arg(op)
-    todo = [t.op for name, tensors in args.items() if name not in ("tables", "dense")
+    todo = [t.op for name, tensors in args.items() if name != "tables" and (name == "dense") == dense
             for t in tensors if t.dtype.is_floating]
-    seen = set()
+    seen, found = set(), set()
     while todo:
         source = todo.pop()
         if source in lookups:
-            return True
-        if source.name in seen or source not in within:
-            continue
-        seen.add(source.name)
-        todo.extend(t.op for t in source.inputs)
-    return False
+            found.add(source)
+        elif source.name not in seen and source in within:
+            seen.add(source.name)
+            todo.extend(t.op for t in source.inputs)
+    return found
 
 
 class EmbeddingCut:
