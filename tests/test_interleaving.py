@@ -203,10 +203,12 @@ def test_a_stitched_lookup_reading_a_pooled_sequence_is_differentiated_once_per_
     assert counts[1]["PicassoStitchedLookupGradApply"] == 1, counts[1]
     assert counts[3] == dict(counts[1], PicassoStitchedLookup=3, PicassoPackedLookup=3)
     data = sequence_batches(3)
-    for optimizer, k in (("adagrad", 7), ("adam", 2)):
+    # sequence_pooling=False: the sequence's lookup, unpooled, is not gathered, and is
+    # differentiated in each micro-batch from the stitched lookup's dense input.
+    for optimizer, k, options in (("adagrad", 7, {}), ("adam", 2, {}), ("adagrad", 3, {"sequence_pooling": False})):
         results = []
         for micro_batches in (1, k):
-            model = picasso.optimize(build_sequence(experts=2), micro_batches=micro_batches)
+            model = picasso.optimize(build_sequence(experts=2), micro_batches=micro_batches, **options)
             model.compile(optimizer=optimizer, loss="binary_crossentropy")
             results.append(([model.train_on_batch(x, y) for x, y in data], [w.numpy() for w in model.weights]))
         np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, err_msg=optimizer)

@@ -128,7 +128,9 @@ def _dense_inputs_backward(step, iteration, copies, rows_grads):
     stitched lookup's tensors copied into its columns): their columns of the copy's
     output gradient, in `rows_grads` (one per output of `copies`, None where it has
     none), back to the other copies' outputs, whose entries in rows_grads it adds to,
-    and to the trainable variables on the way (a dense layer between). The whole-batch op takes its dense inputs with their
+    and to the trainable variables on the way (a dense layer between). A lookup read
+    there but not gathered (an unpooled sequence) is differentiated here, and if other
+    ops read it too, in the micro-batch's own backward as well: the two are summed. The whole-batch op takes its dense inputs with their
     gradient stopped (whole_batch_lookup): through them it would reach each micro-batch's
     copies of the lookups they read, differentiating those in each micro-batch again.
     Returns the micro-batch's Gradients of these backwards."""
@@ -295,20 +297,12 @@ class LookupCopies:
 def _gathered(copies, operations):
     """The nodes of `copies` ({node: its copy in one micro-batch}) whose backward can be
     gathered, in the order their copies were made (a lookup before those reading it).
-    Not: unpooled sequences, exchanged rows, an op whose inputs but its tables and dense
-    inputs come from another lookup (gathered, its input gradient would reach the other
-    lookups' copies past their gathered gradients), or whose dense inputs come from a
-    lookup not gathered (_dense_inputs_backward would differentiate that one again)."""
+    Not: unpooled sequences, exchanged rows, or an op whose inputs but its tables and
+    dense inputs come from another lookup: gathered, its input gradient would reach the
+    other lookups' copies past their gathered gradients."""
     within, others = set(operations), set(copies.values())
-    gathered = {node for node, op in copies.items() if _one_row_per_example(op) and not _exchanged(op)
-                and not _lookups_read(op, others - {op}, within, dense=False)}
-    while True:
-        kept = {copies[node] for node in gathered}
-        dropped = {node for node in gathered if _lookups_read(copies[node], others - {copies[node]}, within,
-                                                              dense=True) - kept}
-        if not dropped:
-            break
-        gathered -= dropped
+    gathered = [node for node, op in copies.items() if _one_row_per_example(op) and not _exchanged(op)
+                and not _lookups_read(op, others - {op}, within, dense=False)]
     made = {id(op): i for i, op in enumerate(operations) if op.type in LOOKUP_OPS}
     return sorted(gathered, key=lambda node: made[id(copies[node])])
 
