@@ -130,10 +130,11 @@ def _dense_inputs_backward(step, iteration, copies, rows_grads):
     none), back to the other copies' outputs, whose entries in rows_grads it adds to,
     and to the trainable variables on the way (a dense layer between). A lookup read
     there but not gathered (an unpooled sequence) is differentiated here, and if other
-    ops read it too, in the micro-batch's own backward as well: the two are summed. The whole-batch op takes its dense inputs with their
-    gradient stopped (whole_batch_lookup): through them it would reach each micro-batch's
-    copies of the lookups they read, differentiating those in each micro-batch again.
-    Returns the micro-batch's Gradients of these backwards."""
+    ops read it too, in the micro-batch's own backward as well: the two are summed.
+    The whole-batch op takes its dense inputs with their gradient stopped
+    (whole_batch_lookup): through them it would reach each micro-batch's copies of the
+    lookups they read, differentiating those in each micro-batch again. Returns the
+    micro-batch's Gradients of these backwards."""
     outputs = [t for op in copies for t in op.outputs]
     position = {id(t): i for i, t in enumerate(outputs)}
     gradients = []
@@ -302,7 +303,7 @@ def _gathered(copies, operations):
     other lookups' copies past their gathered gradients."""
     within, others = set(operations), set(copies.values())
     gathered = [node for node, op in copies.items() if _one_row_per_example(op) and not _exchanged(op)
-                and not _lookups_read(op, others - {op}, within, dense=False)]
+                and not _reads_lookups(op, others - {op}, within)]
     made = {id(op): i for i, op in enumerate(operations) if op.type in LOOKUP_OPS}
     return sorted(gathered, key=lambda node: made[id(copies[node])])
 
@@ -327,22 +328,20 @@ def _one_row_per_example(op):
     return all(t.shape.rank is not None and t.shape.rank <= 2 for t in op.outputs)
 
 
-def _lookups_read(op, lookups, within, dense):
-    """Those of `lookups` that differentiable inputs of `op` are computed from, among
-    the ops `within`: through its dense inputs (`dense`), or through the others but its
-    tables."""
-    args = _inputs_by_arg(op)
-    todo = [t.op for name, tensors in args.items() if name != "tables" and (name == "dense") == dense
+def _reads_lookups(op, lookups, within):
+    """Whether a differentiable input of `op` other than its tables and dense inputs is
+    computed, among the ops `within`, from one of `lookups`."""
+    todo = [t.op for name, tensors in _inputs_by_arg(op).items() if name not in ("tables", "dense")
             for t in tensors if t.dtype.is_floating]
-    seen, found = set(), set()
+    seen = set()
     while todo:
         source = todo.pop()
         if source in lookups:
-            found.add(source)
-        elif source.name not in seen and source in within:
+            return True
+        if source.name not in seen and source in within:
             seen.add(source.name)
             todo.extend(t.op for t in source.inputs)
-    return found
+    return False
 
 
 class EmbeddingCut:
