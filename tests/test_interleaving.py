@@ -14,6 +14,7 @@ import tensorflow as tf
 import picasso_tf as picasso
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.passes.interleaving import interleaving_groups
+from picasso_tf.runtime.micro_batches import _inputs_by_arg
 from picasso_tf.runtime.micro_batch_planner import eq2_micro_batch_size, micro_batch_count
 
 BATCH = 30
@@ -101,6 +102,18 @@ def test_fused_lookups_are_differentiated_once_per_step(start, copies):
     fused = len(model.picasso.program.lookups["training"])
     counts = _op_counts(model, ["PicassoPackedLookup", "PicassoPackedLookupGrad"])
     assert counts == {"PicassoPackedLookup": fused * copies, "PicassoPackedLookupGrad": fused}
+
+
+@pytest.mark.parametrize("stitching", [True, False])
+def test_the_whole_batch_lookup_reads_the_ids_as_fed(stitching):
+    """From the embedding, the gathered backward's lookup takes each feature's ids as
+    they were fed to the step, not its micro-batches' parts concatenated again."""
+    model = picasso.optimize(build(), micro_batches=3, stitching=stitching)
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    wholes = [op for op in _step_graph(model).get_operations() if op.name.startswith("picasso_whole_batch/")]
+    ids = [_inputs_by_arg(op)["ids"] for op in wholes]
+    assert wholes and all(t.op.type == "Placeholder" for site in ids for t in site), \
+        [(t.name, t.op.type) for site in ids for t in site]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])

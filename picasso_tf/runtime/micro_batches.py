@@ -242,9 +242,9 @@ def whole_batch_lookup(ops):
         if name in ("tables", "kernel"):
             joined[name] = first[name]
         elif name in ("ids", "weights"):
-            joined[name] = [tf.concat(list(site), 0) for site in zip(*(a[name] for a in args))]
+            joined[name] = [_joined(site) for site in zip(*(a[name] for a in args))]
         elif name == "dense":      # their gradients are the micro-batches' (_dense_inputs_backward)
-            joined[name] = [tf.stop_gradient(tf.concat(list(site), 0)) for site in zip(*(a[name] for a in args))]
+            joined[name] = [tf.stop_gradient(_joined(site)) for site in zip(*(a[name] for a in args))]
         elif name == "num_segments":
             joined[name] = [tf.add_n(list(site)) for site in zip(*(a[name] for a in args))]
         elif name == "segment_ids":
@@ -258,6 +258,28 @@ def whole_batch_lookup(ops):
     return tf.compat.v1.get_default_graph().create_op(
         ops[0].type, [t for name in first for t in joined[name]], [t.dtype for t in ops[0].outputs],
         name="picasso_whole_batch/" + ops[0].name.rsplit("/", 1)[-1], attrs=dict(ops[0].node_def.attr))
+
+
+def _joined(parts):
+    """`parts` (a tensor per micro-batch) concatenated. Where they are the micro-batches'
+    parts of one tensor in order (a feature read as it was fed: split_batch's split),
+    that tensor: concatenating them again would copy the whole batch of ids for nothing."""
+    sources = [_split_output(t) for t in parts]
+    split = sources[0][0] if sources[0] else None
+    if split is not None and len(split.outputs) == len(parts) and sources == [(split, i) for i in range(len(parts))]:
+        return split.inputs[0]
+    return tf.concat(list(parts), 0)
+
+
+def _split_output(tensor):
+    """(the SplitV along the first axis, which of its outputs) that `tensor` is, past
+    Identity ops; None if it is not one."""
+    while tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    op = tensor.op
+    if op.type != "SplitV" or tf.get_static_value(op.inputs[2]) != 0:
+        return None
+    return op, tensor.value_index
 
 
 def _inputs_by_arg(op):
