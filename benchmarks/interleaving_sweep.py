@@ -1,7 +1,8 @@
 """Interleaving sweeps (the paper's Fig. 14/15 on this CPU): samples/s and peak memory
 of the zoo's wide_deep, can and mmoe with micro_batches 1-8 from the embedding layer,
 2, 4 and 8 from the MLP, and interleave_groups 2-11, as ratios against the same model
-at micro_batches=1, interleave_groups=1.
+at micro_batches=1, interleave_groups=1, beside a second copy of that model (row "K=1
+copy": the spread between identical copies).
 
     python benchmarks/interleaving_sweep.py [batch] [--models can,mmoe] [--ks 2,4,8] [--groups 2,4]
                                             [--rounds 5] [--steps 6] [--no-peak]
@@ -80,7 +81,10 @@ def peak_memory(name, k, start, batch):
 
 
 def variants(lookups, ks=None, groups=None):
-    out = {f"K={k}": {"micro_batches": k} for k in (ks or range(2, 9))}
+    # A second copy of K=1: how far two identical copies read apart is the spread the
+    # other ratios are judged against.
+    out = {"K=1 copy": {}}
+    out.update({f"K={k}": {"micro_batches": k} for k in (ks or range(2, 9))})
     out.update({f"K={k} mlp": {"micro_batches": k, "interleave_from": "mlp"} for k in (ks or (2, 4, 8))})
     out.update({f"N={n}": {"interleave_groups": n, "interleave_excluded": ()}
                 for n in (groups or range(2, min(11, lookups) + 1)) if n <= lookups})
@@ -104,7 +108,7 @@ def main(batch=4096, models=MODELS, ks=None, groups=None, rounds=None, steps=Non
                          pairs=[(v, "picasso") for v in extra])
         peaks = {}
         for variant, options in [("picasso", {})] + list(extra.items()):
-            if with_peaks and "interleave_groups" not in options:
+            if with_peaks and "micro_batches" in options:
                 peaks[variant] = peak_memory(name, options.get("micro_batches", 1),
                                              options.get("interleave_from", "embedding"), batch)["peak"]
         for variant in ["picasso"] + list(extra):

@@ -7,11 +7,12 @@ ones per id, for lookups left unfused) and they are applied once. Each micro-bat
 mean loss is weighted by its share of the batch, so the step equals the whole batch's
 up to summation order.
 
-Micro-batch i+1's inputs wait for micro-batch i's loss and micro-batch i-1's
-gradients: the micro-batches run one after another, each one's lookups and forward
-free to overlap the previous one's backward (TensorFlow's inter-op threads schedule
-them), and at most two micro-batches' activations are alive at once instead of the
-whole batch's. micro_batches="auto", which picks K for memory, runs them one at a
+Micro-batch i's inputs wait for micro-batch i-2's gradients: two micro-batches run at
+a time, TensorFlow's inter-op threads running their ops as they become ready (one's
+lookups beside the other's dense part, forward or backward), and at most two
+micro-batches' activations are alive at once instead of the whole batch's. (Waiting
+for micro-batch i-1's loss too, a strict pipeline, measured slower: each forward pass
+then ran alone.) micro_batches="auto", which picks K for memory, runs them one at a
 time instead (micro-batch i+1 waits for micro-batch i's gradients): one micro-batch's
 activations alive, no overlap (benchmarks/micro_batch_memory.py measures the peak).
 So does a step under Horovod: there each micro-batch's forward begins with a
@@ -70,18 +71,18 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, forward, cut=N
     (interleave_from="mlp") the fused lookups run once on the whole batch and only the
     rest per micro-batch; with LookupCopies each micro-batch runs its own copy of them,
     and the backward of those LookupCopies.find gathers runs once. one_at_a_time: each
-    micro-batch waits for the previous one's gradients, not only its loss. Returns the
-    whole batch's predictions."""
+    micro-batch waits for the previous one's gradients, not the one before it. Returns
+    the whole batch's predictions."""
     parts, shares, bounds = split_batch(data, k)
     mlp = isinstance(cut, EmbeddingCut)
     embeddings = cut.embed(data[0]) if mlp else []
     sizes = tf.stack([e - b for b, e in bounds])
     cut_parts = [_parts(e, bounds, sizes) for e in embeddings]
-    gradients, done, predictions, losses, gathered_grads, copies, invariant_grads = [], [], [], [], [], [], []
+    gradients, done, predictions, gathered_grads, copies, invariant_grads = [], [], [], [], [], []
     invariants = None
     graph = tf.compat.v1.get_default_graph()
     for i, ((x, y, sample_weight), share) in enumerate(zip(parts, shares)):
-        ready = losses[-1:] + (done[-1] if one_at_a_time and i else done[-2] if i >= 2 else [])
+        ready = done[-1] if one_at_a_time and i else done[-2] if i >= 2 else []
         rows = [parts[i] for parts in cut_parts]
         with tf.control_dependencies(ready), tf.name_scope(f"picasso_micro_batch_{i}"):
             x = tf.nest.map_structure(_identity, x)
@@ -111,7 +112,6 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, forward, cut=N
                     [g for g in at_invariants if g is not None])
         gathered_grads.append(rows_grads)
         predictions.append(y_pred)
-        losses.append(loss)
     if mlp:
         gathered = [tf.concat(list(parts), 0) for parts in zip(*gathered_grads)]
         gradients.append(_gathered_backward(step, optimizer.iterations, embeddings, gathered,
