@@ -91,7 +91,9 @@ def test_every_section_has_rows_or_says_why(tiny_run):
     assert "error" not in auc, auc.get("error")
     assert 0.0 <= auc["baseline_auc"] <= 1.0 and 0.0 <= auc["picasso_auc"] <= 1.0
     ablation = s["ablation"]["rows"][0]
-    assert {"baseline", "picasso", "packing=False", "interleaving=False"} <= set(ablation["variants"])
+    interleaved = "micro_batches=2,interleave_groups=2"
+    assert {"baseline", "picasso", "packing=False", interleaved} <= set(ablation["variants"]), \
+        ablation.get(interleaved + "_error")
     assert "hybrid_hash=True" in ablation["variants"], ablation.get("hybrid_hash=True_error")
     ops = s["ops"]["rows"][0]
     assert ops["step_ops_baseline"] > 0 and ops["step_ops_picasso"] > 0 and ops["packed_groups"] >= 1
