@@ -305,6 +305,8 @@ def test_an_explicit_k_runs_two_micro_batches_at_a_time(start):
     explicit = picasso.optimize(build(), micro_batches=4, interleave_from=start)
     explicit.compile(optimizer="adagrad", loss="binary_crossentropy")
     assert _backwards_waited_for(explicit, 4) == {0: set(), 1: set(), 2: {_scope(0)}, 3: {_scope(1)}}
+    second = [op for op in _step_graph(explicit).get_operations() if "picasso_micro_batch_1/" in op.name]
+    assert second and not any(op.control_inputs for op in second), "micro-batch 1 waits for micro-batch 0"
 
 
 def test_auto_runs_micro_batches_one_at_a_time():
