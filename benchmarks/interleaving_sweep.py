@@ -107,7 +107,7 @@ def main(batch=4096, models=MODELS, ks=None, groups=None, rounds=None, steps=Non
         result = measure(timed, sizes.rounds, sizes.steps, sizes.warmup_steps,
                          pairs=[(v, "picasso") for v in extra])
         peaks = {}
-        for variant, options in [("picasso", {})] + list(extra.items()):
+        for variant, options in [("picasso", {"micro_batches": 1})] + list(extra.items()):
             if with_peaks and "micro_batches" in options:
                 peaks[variant] = peak_memory(name, options.get("micro_batches", 1),
                                              options.get("interleave_from", "embedding"), batch)["peak"]

@@ -70,9 +70,9 @@ def run_micro_batches(step, optimizer, forward_and_loss, data, k, forward, cut=N
     `cut` (embedding_cut's): with an EmbeddingCut
     (interleave_from="mlp") the fused lookups run once on the whole batch and only the
     rest per micro-batch; with LookupCopies each micro-batch runs its own copy of them,
-    and the backward of those LookupCopies.find gathers runs once. one_at_a_time: each
-    micro-batch waits for the previous one's gradients, not the one before it. Returns
-    the whole batch's predictions."""
+    and the backward of those LookupCopies.find gathers runs once. one_at_a_time:
+    micro-batch i waits for micro-batch i-1's gradients, not only i-2's. Returns the
+    whole batch's predictions."""
     parts, shares, bounds = split_batch(data, k)
     mlp = isinstance(cut, EmbeddingCut)
     embeddings = cut.embed(data[0]) if mlp else []
@@ -263,7 +263,9 @@ def whole_batch_lookup(ops):
 def _joined(parts):
     """`parts` (a tensor per micro-batch) concatenated. Where they are the micro-batches'
     parts of one tensor in order (a feature read as it was fed: split_batch's split),
-    that tensor: concatenating them again would copy the whole batch of ids for nothing."""
+    that tensor: concatenating them again would copy the whole batch of ids for nothing.
+    It is read past the micro-batches' gates (control dependencies, a collective's ids
+    check): the op's gradient runs after every copy all the same (_lookups_backward)."""
     sources = [_split_output(t) for t in parts]
     split = sources[0][0] if sources[0] else None
     if split is not None and len(split.outputs) == len(parts) and sources == [(split, i) for i in range(len(parts))]:
