@@ -23,6 +23,7 @@ import inspect
 
 import tensorflow as tf
 from keras.src.engine.base_layer_utils import call_context
+from keras.src.engine.training import flatten_metrics_in_order
 from keras.src.mixed_precision.autocast_variable import AutoCastVariable
 from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
 
@@ -41,10 +42,10 @@ from picasso_tf.embedding.storage import make_storage
 from picasso_tf.errors import UnsupportedModelError
 from picasso_tf.export import export_saved_model
 from picasso_tf.graph.capture import check_has_call, input_signature
-from picasso_tf.keras_steps import bound, check_no_activity_losses, check_own_steps, own_keras_steps
+from picasso_tf.keras_steps import as_written, bound, check_no_activity_losses, check_own_steps, own_keras_steps
 from picasso_tf.graph.rebuild import conform_inputs
 from picasso_tf.runtime.dense_update import make_dense_update
-from picasso_tf.runtime.fused_update import make_fused_update
+from picasso_tf.runtime.fused_update import make_fused_update, refuse_clipping
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
 from picasso_tf.runtime.micro_batches import check_losses, embedding_cut, loss_refusal, run_micro_batches
 from picasso_tf.runtime.step import RewrittenForward, TrainingStep
@@ -76,6 +77,11 @@ def optimize(target=None, *, example_inputs=None, warmup_data=None, **options):
     raise TypeError(f"picasso_tf.optimize takes a keras.Model, a keras.Model subclass or a function "
                     f"building one; got {type(target).__name__}")
 
+
+# What the training logs add to the model's metrics: the hot tier's hit ratio and rows held
+# (HybridHash), the keys held (dynamic vocabularies).
+HOT_HIT_RATIO, HOT_TIER_ROWS, VOCABULARY_KEYS = "hot_hit_ratio", "hot_tier_rows", "vocabulary_keys"
+STORAGE_LOGS = (HOT_HIT_RATIO, HOT_TIER_ROWS, VOCABULARY_KEYS)
 
 # The storage kinds whose rows a process fetches from its own hash tables each step.
 HASHED_IN_PROCESS = (HybridHashTables.kind, DynamicVocabularyTables.kind)
@@ -252,7 +258,8 @@ class PicassoModel(tf.keras.Model):
             with tf.init_scope():
                 # Replicas start equal, and shards are cut from rank 0's tables.
                 broadcast_from_rank_zero(self.original.variables)
-        program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
+        with as_written(self.original):
+            program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
         check_no_activity_losses(self.original, self._own_steps)
         if world.distributed:
             check_same_on_every_rank(program.fingerprint(), "rewritten graphs")
@@ -385,7 +392,11 @@ class PicassoModel(tf.keras.Model):
         """The original model bound to this one for one of its own steps."""
         def rewritten_call(inputs, training=None, **_):
             # Called through the original's __call__, which resolved the training mode.
-            return self.call(inputs, training if training is not None else call_context().training)
+            training = training if training is not None else call_context().training
+            outputs = self.call(inputs, training)
+            if training and self.picasso.storages and self.optimizer is not None:
+                refuse_clipping(self.optimizer)     # as fit does: the step applies the tables' gradients
+            return outputs
         return bound(self, rewritten_call)
 
     def test_step(self, data):
@@ -448,14 +459,24 @@ class PicassoModel(tf.keras.Model):
         fetch = self._forward[True].fetch
         hit_ratio = fetch.log.hit_ratio() if fetch is not None else None
         if hit_ratio is not None:
-            logs["hot_hit_ratio"] = hit_ratio    # the progress bar and TensorBoard show it
-            logs["hot_tier_rows"] = tf.add_n([s.hot.held for s in fetch.storages
+            logs[HOT_HIT_RATIO] = hit_ratio    # the progress bar and TensorBoard show it
+            logs[HOT_TIER_ROWS] = tf.add_n([s.hot.held for s in fetch.storages
                                               if s.kind == HybridHashTables.kind and s.hot is not None])
         vocabularies = [s for s in self.picasso.storages.values() if s.kind == DynamicVocabularyTables.kind]
         if vocabularies:
             # Read after the step's updates and evictions: ops on a table run in program order.
-            logs["vocabulary_keys"] = tf.add_n([s.keys_held() for s in vocabularies])
+            logs[VOCABULARY_KEYS] = tf.add_n([s.keys_held() for s in vocabularies])
         return logs
+
+    def train_on_batch(self, *args, return_dict=False, **kwargs):
+        """As keras.Model.train_on_batch: without return_dict, the values of
+        metrics_names (a loss alone as a scalar), as for the plain model; the storage's
+        figures (hot_hit_ratio, hot_tier_rows, vocabulary_keys) come with return_dict=True,
+        and in fit's logs."""
+        logs = super().train_on_batch(*args, return_dict=True, **kwargs)
+        if return_dict:
+            return logs
+        return flatten_metrics_in_order({k: v for k, v in logs.items() if k not in STORAGE_LOGS}, self.metrics_names)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         if save_type != "checkpoint":

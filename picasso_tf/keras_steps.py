@@ -60,22 +60,45 @@ def bound(picasso_model, rewritten_call):
     """`picasso_model.original`, whose `call` is `rewritten_call` and whose optimizer,
     compiled loss and metrics are `picasso_model`'s, for the length of the block."""
     original = picasso_model.original
-    saved = {name: original.__dict__[name] for name in _LENT + ("call", "_autocast") if name in original.__dict__}
-    with no_automatic_dependency_tracking_scope(original):
-        for name in _LENT:
-            if hasattr(picasso_model, name):
-                setattr(original, name, getattr(picasso_model, name))
-        original.call = rewritten_call
-        # The rewritten graph casts the inputs where the original's own __call__ did.
-        original._autocast = False
-        # The trace's losses would be read by a step that calls self.losses before self().
-        original._clear_losses()
+    lent = {name: getattr(picasso_model, name) for name in _LENT if hasattr(picasso_model, name)}
+    # The rewritten graph casts the inputs where the original's own __call__ did.
+    lent.update(call=rewritten_call, _autocast=False)
+    own = _swap(original, lent)
+    _swap(original, {_OWN: own})
+    # The trace's losses would be read by a step that calls self.losses before self().
+    original._clear_losses()
     try:
         yield original
     finally:
-        with no_automatic_dependency_tracking_scope(original):
-            for name in _LENT + ("call", "_autocast"):
-                if name in saved:
-                    setattr(original, name, saved[name])
-                elif name in original.__dict__:
-                    delattr(original, name)
+        _swap(original, {**own, _OWN: None})
+
+
+@contextlib.contextmanager
+def as_written(original):
+    """`original` as its user wrote it for the length of the block, inside a bound step
+    too: the rewrite traces its own call."""
+    own = original.__dict__.get(_OWN)
+    if own is None:
+        yield original
+        return
+    lent = _swap(original, own)
+    try:
+        yield original
+    finally:
+        _swap(original, lent)
+
+
+_OWN = "_picasso_own_attributes"     # on a bound original: what its binding replaced
+
+
+def _swap(original, values):
+    """Sets `values` (None: no instance attribute) on `original` without tracking them;
+    returns what they replaced, to swap back."""
+    replaced = {name: original.__dict__.get(name) for name in values}
+    with no_automatic_dependency_tracking_scope(original):
+        for name, value in values.items():
+            if value is not None:
+                setattr(original, name, value)
+            elif name in original.__dict__:
+                delattr(original, name)
+    return replaced

@@ -1,5 +1,4 @@
-"""A wrapped model's Keras lifecycle (issue 20, items 3, 12, 14, 15): models with their
-own steps are refused, .keras files round-trip, model.picasso.export serves with stock
+"""A wrapped model's Keras lifecycle (issue 20, items 12, 14, 15): .keras files round-trip, model.picasso.export serves with stock
 TensorFlow, and repeated optimize + compile + fit does not grow the process."""
 import gc
 import json
@@ -14,7 +13,6 @@ import tensorflow as tf
 
 import picasso_tf as picasso
 from picasso_tf.api import PicassoModel
-from picasso_tf.errors import UnsupportedModelError
 
 FIELDS, VOCAB, BATCH = 4, 30, 16
 
@@ -47,7 +45,6 @@ def trained(optimizer="adam"):
     return model
 
 
-# -- 3: a model's own train_step / compute_loss / test_step -----------------------------
 class Tower(tf.keras.Model):
     def __init__(self):
         super().__init__()
@@ -56,39 +53,6 @@ class Tower(tf.keras.Model):
 
     def call(self, inputs, training=None):
         return self.head(tf.reduce_sum(self.table(inputs["c0"]), -1, keepdims=True))
-
-
-class OwnTrainStep(Tower):
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(self(x, training=True)[:, 0] - y))
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
-        return {"loss": loss}
-
-
-class OwnComputeLoss(Tower):
-    """TensorFlow Recommenders style: the objective lives in compute_loss."""
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
-        return tf.reduce_mean(tf.abs(y_pred[:, 0] - y))
-
-
-class OwnTestStep(Tower):
-    def test_step(self, data):
-        x, y = data
-        return {"error": tf.reduce_mean(tf.abs(self(x)[:, 0] - y))}
-
-
-@pytest.mark.parametrize("cls, method", [(OwnTrainStep, "train_step"), (OwnComputeLoss, "compute_loss"),
-                                         (OwnTestStep, "test_step")])
-def test_model_with_its_own_steps_is_refused_at_optimize(cls, method):
-    x, _ = features()
-    with pytest.raises(UnsupportedModelError, match=rf"{cls.__name__} overrides keras.Model.{method}:.*compile\(loss="):
-        picasso.optimize(cls(), example_inputs=x)
-    with pytest.raises(UnsupportedModelError, match=rf"{cls.__name__} overrides keras.Model.{method}"):
-        picasso.optimize(packing=False)(cls)()      # the class decorator too, whatever the options
-    picasso.optimize(Tower(), example_inputs=x)     # Keras' own steps: wrapped
 
 
 # -- 12: .keras save and load -----------------------------------------------------------

@@ -6,6 +6,7 @@ AllToAllv). One process, or Horovod not initialised, is a world of one: nothing 
 then calls Horovod.
 """
 import dataclasses
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -35,6 +36,45 @@ def current_world():
         return World(hvd.size(), hvd.rank()) if hvd.is_initialized() else World()
     except ValueError:          # built without TensorFlow support
         return World()
+
+
+# What each launcher tells its processes: horovodrun --gloo sets HOROVOD_*, mpirun
+# (horovodrun --mpi, picasso-run) sets OMPI_COMM_WORLD_* and PMIX_RANK, other MPIs PMI_*/MV2_*.
+_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
+_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def launched_world(environ=None):
+    """(size, rank) of the process group that horovodrun/mpirun started this process in;
+    (1, 0) when started alone. Read from the launcher's environment, before (and without)
+    initialising Horovod, which is asked only when a launcher set a rank but no size."""
+    environ = os.environ if environ is None else environ
+
+    def first_int(names):
+        for name in names:
+            value = environ.get(name, "")
+            if value.strip().isdigit():
+                return int(value)
+        return None
+
+    size, rank = first_int(_SIZE_VARS), first_int(_RANK_VARS)
+    if size is None and rank is not None:
+        try:
+            import horovod.tensorflow as horovod
+            horovod.init()
+            size, rank = horovod.size(), horovod.rank()
+        except Exception:   # noqa: BLE001  (no horovod: the rank variable alone says "more than one")
+            size = rank + 1 if rank > 0 else 1
+    return (size or 1), (rank or 0)
+
+
+def horovod_transport():
+    """"mpi" or "gloo": what the initialised Horovod runs its collectives over (None
+    when it is not initialised), to check that a launcher gave the transport asked for."""
+    horovod = hvd()
+    if not horovod.is_initialized():
+        return None
+    return "mpi" if horovod.mpi_enabled() else "gloo" if horovod.gloo_enabled() else None
 
 
 def hvd():

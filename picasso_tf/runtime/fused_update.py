@@ -100,20 +100,26 @@ def _captured_from(tensor):
         tensor = outside
 
 
-def make_fused_update(optimizer, storages, config):
-    """(FusedTableUpdate or None, reason or None)."""
-    if not storages:
-        return None, None
+def refuse_clipping(optimizer):
+    """Refuses an optimizer that clips gradients, on every path that applies the fused
+    lookups' gradients (fit's, or a model's own train_step): Keras clips an embedding's
+    gradient as one row per lookup, the fused gradients sum the rows of an id, so a
+    repeated id would clip differently."""
     clipping = [f"{o}={getattr(optimizer, o)}" for o in ("clipnorm", "clipvalue", "global_clipnorm")
                 if getattr(optimizer, o, None)]
     if clipping:
-        # Checked on every path. Keras clips an embedding's gradient as one row per lookup;
-        # the fused gradients sum the rows of an id, so a repeated id would clip differently.
         raise ValueError(
             f"picasso_tf: the optimizer clips gradients ({', '.join(clipping)}): Keras clips an embedding "
             "table's gradient as one row per lookup, while picasso's fused lookups give one summed row per "
             "id, so the result would differ whenever an id repeats in a batch. Train without gradient "
             "clipping, or optimize(..., packing=False) to keep Keras' lookups.")
+
+
+def make_fused_update(optimizer, storages, config):
+    """(FusedTableUpdate or None, reason or None)."""
+    if not storages:
+        return None, None
+    refuse_clipping(optimizer)
     if not config.fused_optimizer:
         return None, "fused_optimizer=False: packed tables are updated by the Keras optimizer"
     try:
