@@ -100,6 +100,7 @@ class PicassoInfo:
         self.updated_in_gradient = []   # storage variables their gradient kernel updates (last trace)
         self.table_variables = []       # every embedding table the analysis recognised, storage ones too
         self.world = World()            # the Horovod ranks it runs on (picasso_tf.distributed)
+        self._apply_gradients = None    # the PicassoModel's, once it is made
 
     @property
     def reports(self):
@@ -140,6 +141,14 @@ class PicassoInfo:
             storage.check_read_back()
         for storage in self.storages.values():
             storage.read_back()
+
+    def apply_gradients(self, optimizer, grads_and_vars):
+        """Applies a custom loop's gradients (``tape.gradient`` of the model's variables)
+        as fit's step does: the tables' row gradients by the fused row-sparse kernels
+        (one per table group), the rest by the Keras optimizer (its fused dense update
+        where exact). Use it in place of ``optimizer.apply_gradients`` in a
+        tf.GradientTape loop; same result, fewer ops (docs/custom_loops.md)."""
+        return self._apply_gradients(optimizer, grads_and_vars)
 
     def check_optimizer(self, optimizer):
         """Refuses a Keras optimizer that some storage cannot apply, before training
@@ -220,6 +229,7 @@ class PicassoModel(tf.keras.Model):
         self._autocast = False
         self.original = original            # tracked: its variables stay in checkpoints
         self.picasso = PicassoInfo(config, original)
+        self.picasso._apply_gradients = self._apply_gradients
         self._own_steps = own_steps         # the steps the original overrides, which run bound to this model
         self._warmup_data = warmup_data
         self._forward = None
@@ -291,15 +301,30 @@ class PicassoModel(tf.keras.Model):
             v for s in storages.values() if s.layout.densely_read for v in s.variables()]
         self._step = self._looked_up_ids = None
 
-    def _training_step(self):
-        """Made at the first training step, once the optimizer is known."""
+    def _training_step(self, optimizer=None):
+        """Made at the first training step, once the optimizer (the compiled one unless
+        given) is known."""
+        optimizer = optimizer or self.optimizer
         # Made again after compile() with another optimizer, or after the trainable
         # variables changed (fine-tuning: Keras applies layer.trainable at compile too).
-        key = (id(self.optimizer), tuple(v.ref() for v in self.original.trainable_variables))
+        key = (id(optimizer), tuple(v.ref() for v in self.original.trainable_variables))
         if self._step is None or self._step_key != key:
-            self._step, self.picasso.optimizer_note = self.make_training_step(self.optimizer)
+            self._step, self.picasso.optimizer_note = self.make_training_step(optimizer)
             self._step_key = key
         return self._step
+
+    def _apply_gradients(self, optimizer, grads_and_vars):
+        """model.picasso.apply_gradients: see PicassoInfo."""
+        if self._forward is None:
+            raise ValueError(f"picasso_tf: {self.name} has not run a forward pass yet: compute the gradients "
+                             "of a call of it first")
+        if self.picasso.world.distributed:
+            raise UnsupportedModelError(
+                "picasso_tf: model.picasso.apply_gradients under Horovod would apply each rank's own gradients; "
+                "train with fit() or train_on_batch(), whose step exchanges them in the hybrid plan")
+        step = self._training_step(optimizer)
+        step.apply(optimizer, step.split([(g, stored_variable(v)) for g, v in grads_and_vars if g is not None]))
+        return optimizer.iterations
 
     def make_training_step(self, optimizer):
         """(TrainingStep for `optimizer`, how it updates the storage): what train_step
@@ -367,10 +392,11 @@ class PicassoModel(tf.keras.Model):
         if tf.executing_eagerly():
             if training not in self._eager_calls:
                 self._eager_calls[training] = tf.function(
-                    lambda x: forward_for_tapes(forward, x, record_on_tapes=False), reduce_retracing=True)
+                    lambda x: forward_for_tapes(forward, x, self.picasso.world, record_on_tapes=False),
+                    reduce_retracing=True)
             outputs, self._last_regularization = self._eager_calls[training](inputs)
             return outputs
-        outputs, self._last_regularization = forward_for_tapes(forward, inputs)
+        outputs, self._last_regularization = forward_for_tapes(forward, inputs, self.picasso.world)
         return outputs
 
     @property
@@ -388,6 +414,7 @@ class PicassoModel(tf.keras.Model):
                 for loss in [regularizer()] if loss is not None]
 
     # -- a model's own steps (picasso_tf.keras_steps) --------------------------------------
+    # (Keras' steps are named, not reached by super(): autograph converts these methods.)
     def _bound_original(self):
         """The original model bound to this one for one of its own steps."""
         def rewritten_call(inputs, training=None, **_):
@@ -401,19 +428,19 @@ class PicassoModel(tf.keras.Model):
 
     def test_step(self, data):
         if "test_step" not in self._own_steps:
-            return super().test_step(data)
+            return tf.keras.Model.test_step(self, data)
         with self._bound_original() as original:
             return original.test_step(data)
 
     def predict_step(self, data):
         if "predict_step" not in self._own_steps:
-            return super().predict_step(data)
+            return tf.keras.Model.predict_step(self, data)
         with self._bound_original() as original:
             return original.predict_step(data)
 
     def compute_metrics(self, x, y, y_pred, sample_weight):
         if "compute_metrics" not in self._own_steps:
-            return super().compute_metrics(x, y, y_pred, sample_weight)
+            return tf.keras.Model.compute_metrics(self, x, y, y_pred, sample_weight)
         with self._bound_original() as original:
             return original.compute_metrics(x, y, y_pred, sample_weight)
 

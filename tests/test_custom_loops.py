@@ -1,7 +1,10 @@
 """Every way TensorFlow 2 trains a Keras model (issue 37): a tf.GradientTape loop, in a
 tf.function and eagerly, a model's own train_step / test_step / compute_loss (and a
 TensorFlow Recommenders model), train exactly like the plain model; what cannot is
-refused by name (XLA, hash-backed tables under a tape, own steps with micro-batches)."""
+refused by name (XLA, hash-backed tables under a tape, own steps with micro-batches).
+Horovod's DistributedGradientTape is refused by name, its DistributedOptimizer trains."""
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -261,3 +264,45 @@ def test_a_tensorflow_recommenders_ranking_model_trains_exactly():
         np.testing.assert_allclose(history["wrapped"][key], history["plain"][key], rtol=1e-6, err_msg=key)
         np.testing.assert_allclose(history["wrapped"]["evaluate"][key], history["plain"]["evaluate"][key], rtol=1e-6)
     assert_same_weights(plain, wrapped)
+
+
+# -- Horovod's idioms ---------------------------------------------------------------------
+def test_horovod_s_distributed_tape_is_refused_and_its_optimizer_trains_like_one_process(tmp_path):
+    """On 2 Gloo ranks: hvd.DistributedGradientTape over the model is refused by name
+    (the hybrid plan's exchange runs only in picasso_tf's step); fit's step with
+    hvd.DistributedOptimizer trains like one process with the whole batch, the wrapper
+    adding no Allreduce of its own (the fused dense update does not stand down)."""
+    pytest.importorskip("horovod.tensorflow", reason="horovod is built by scripts/setup_env.sh")
+    from test_horovod import check_ran, horovodrun_worker
+    for np_ in (1, 2):
+        check_ran(horovodrun_worker([tmp_path / f"np{np_}"], np_, worker="custom_loops.py"))
+    two = json.load(open(tmp_path / "np2" / "result.json"))
+    assert "hvd.DistributedGradientTape included" in two["tape"] and "Train with model.fit()" in two["tape"]
+    assert "dense variables: fused Adagrad" in two["optimizer_note"], two["optimizer_note"]
+    one, two = np.load(tmp_path / "np1" / "weights.npz"), np.load(tmp_path / "np2" / "weights.npz")
+    for key in one:
+        np.testing.assert_allclose(two[key], one[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def test_the_fused_apply_trains_a_tape_loop_exactly():
+    """model.picasso.apply_gradients: the tables' IndexedSlices through the fused
+    row-sparse kernels, the rest through the fused dense update, as fit's step."""
+    regularizer = tf.keras.regularizers.L2(1e-3)
+    for optimizer in sorted(OPTIMIZERS):
+        plain, wrapped = wide_deep(regularizer), picasso.optimize(wide_deep(regularizer))
+        expected, _ = tape_loop(plain, OPTIMIZERS[optimizer](), eagerly=False)
+        fused = FusedApply(wrapped, OPTIMIZERS[optimizer]())
+        got, _ = tape_loop(wrapped, fused, eagerly=False)
+        np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=optimizer)
+        assert_same_weights(plain, wrapped)
+        assert wrapped.picasso.optimizer_note.startswith(f"packed tables: fused {fused.inner.__class__.__name__}")
+
+
+class FusedApply:
+    """An optimizer-shaped adapter, so tape_loop's apply_gradients takes the fused path."""
+
+    def __init__(self, model, inner):
+        self.model, self.inner = model, inner
+
+    def apply_gradients(self, pairs):
+        return self.model.picasso.apply_gradients(self.inner, pairs)

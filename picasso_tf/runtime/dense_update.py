@@ -109,6 +109,16 @@ def make_dense_update(optimizer, config):
     return KerasDenseUpdate(), f"dense variables: Keras' apply_gradients, the fused update stands down: {reason}"
 
 
+def horovod_wrapped(optimizer):
+    """The Keras optimizer class under Horovod's hvd.DistributedOptimizer, else None.
+    picasso_tf's step averages the gradients over the ranks itself (step.py's exchange),
+    so the wrapper's own Allreduce has nothing left to do; not with its local gradient
+    accumulation (backward_passes_per_step > 1), which changes the update."""
+    if hasattr(optimizer, "_allreduce_grads") and getattr(optimizer, "_agg_helper", None) is None:
+        return type(optimizer).__mro__[1]
+    return None
+
+
 def _stand_down_reason(optimizer):
     """Why Keras' apply_gradients would do something the fused update does not, else None."""
     name = type(optimizer).__name__
@@ -129,8 +139,9 @@ def _stand_down_reason(optimizer):
     if isinstance(optimizer, tf.keras.optimizers.Optimizer) and not isinstance(
             optimizer, tf.keras.optimizers.legacy.Optimizer):
         base = tf.keras.optimizers.Optimizer
+        keras_class = horovod_wrapped(optimizer) or type(optimizer)
         overridden = [m for m in REPLACED_KERAS_STEPS
-                      if getattr(type(optimizer), m, None) is not getattr(base, m, None)]
+                      if getattr(keras_class, m, None) is not getattr(base, m, None)]
         if overridden:
             return f"{name} overrides {', '.join(overridden)} of the Keras optimizer"
     return None

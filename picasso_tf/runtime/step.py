@@ -223,12 +223,17 @@ class TrainingStep:
                                      f"({grad.op.type}); please report this model")
             if grad is not None:
                 pairs.append((grad, var))
+        fetched = [(storage, keys, _per_key(g, rows)) for (storage, keys, rows), g in zip(fetched, fetched_grads)]
+        return dataclasses.replace(self.split(pairs), fetched=fetched,
+                                   updated_in_gradient=in_gradient.variables if in_gradient else [],
+                                   update_ops=in_gradient.ops if in_gradient else []), at_tensors
+
+    def split(self, grads_and_vars):
+        """Gradients from a custom loop's (gradient, variable) pairs: the fused update's
+        tables apart from the rest."""
         fused = self.fused.handles if self.fused is not None else (lambda var: False)
-        return Gradients(tables=[(g, v) for g, v in pairs if fused(v)], dense=[(g, v) for g, v in pairs if not fused(v)],
-                         fetched=[(storage, keys, _per_key(g, rows))
-                                  for (storage, keys, rows), g in zip(fetched, fetched_grads)],
-                         updated_in_gradient=in_gradient.variables if in_gradient else [],
-                         update_ops=in_gradient.ops if in_gradient else []), at_tensors
+        return Gradients(tables=[(g, v) for g, v in grads_and_vars if fused(v)],
+                         dense=[(g, v) for g, v in grads_and_vars if not fused(v)])
 
     def accumulate(self, micro_batches):
         """One step's Gradients from the micro-batches': summed per variable, a table's

@@ -27,13 +27,14 @@ def tape_is_recording():
     return record.could_possibly_record()
 
 
-def forward_for_tapes(forward, inputs, record_on_tapes=True):
+def forward_for_tapes(forward, inputs, world, record_on_tapes=True):
     """(outputs, regularisation loss or None) of `forward` (a RewrittenForward) on
     `inputs`, seen by the active tapes as the plain model's forward pass would be.
-    record_on_tapes=False while tracing the function an eager call runs (TensorFlow
-    then differentiates the call itself)."""
+    world: the ranks the model runs on. record_on_tapes=False while tracing the
+    function an eager call runs (TensorFlow then differentiates the call itself)."""
     variables = forward.variables
     if tape_is_recording():
+        refuse_ranks(world)
         refuse_storage_a_tape_cannot_see(forward)
     for variable in variables:
         resource_variable_ops.variable_accessed(variable)
@@ -45,6 +46,19 @@ def forward_for_tapes(forward, inputs, record_on_tapes=True):
                     if t is not None and t.dtype.is_floating]
         _record(inputs, variables, flat + attached + ([regularization] if regularization is not None else []))
     return outputs, regularization
+
+
+def refuse_ranks(world):
+    """Under Horovod the hybrid plan's exchange runs in picasso_tf's own step: a tape
+    (hvd.DistributedGradientTape) would have Horovod reduce every table's gradient, or
+    each rank train on its own."""
+    if world.distributed:
+        raise UnsupportedModelError(
+            f"picasso_tf: a tf.GradientTape (hvd.DistributedGradientTape included) over a picasso_tf model under "
+            f"Horovod ({world.size} ranks): the tables' gradients must be exchanged by picasso_tf's hybrid plan "
+            "(sharded tables' rows to their owners), which only its own training step does. Train with "
+            "model.fit() or model.train_on_batch() and a plain Keras optimizer (picasso_tf averages the dense "
+            "gradients over the ranks itself), or run the custom loop on one process")
 
 
 def refuse_storage_a_tape_cannot_see(forward):
