@@ -266,6 +266,45 @@ def test_a_tensorflow_recommenders_ranking_model_trains_exactly():
     assert_same_weights(plain, wrapped)
 
 
+def test_a_tensorflow_recommenders_retrieval_model_trains_with_its_towers_optimised():
+    """TFRS' retrieval tutorial: no call(), the query and candidate towers called from
+    compute_loss; picasso_tf.optimize on each tower, inside the TFRS model."""
+    tfrs = pytest.importorskip("tensorflow_recommenders")
+    users, items, n = 40, 60, 192
+    rng = np.random.default_rng(1)
+    data = {"user": rng.integers(0, users, n), "item": rng.integers(0, items, n)}
+
+    def tower(vocab, name):
+        x = tf.keras.Input((), dtype="int64", name=name)
+        return tf.keras.Model(x, tf.keras.layers.Dense(8)(tf.keras.layers.Embedding(vocab, 8)(x)))
+
+    class Retrieval(tfrs.Model):
+        def __init__(self, optimize):
+            super().__init__()
+            tf.keras.utils.set_random_seed(3)
+            query, candidate = tower(users, "user"), tower(items, "item")
+            self.query = picasso.optimize(query) if optimize else query
+            self.candidate = picasso.optimize(candidate) if optimize else candidate
+            self.task = tfrs.tasks.Retrieval()
+
+        def compute_loss(self, features, training=False):
+            return self.task(self.query(features["user"], training=training),
+                             self.candidate(features["item"], training=training))
+
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(32)
+    losses, models = {}, {}
+    for optimize in (False, True):
+        models[optimize] = Retrieval(optimize)
+        models[optimize].compile(optimizer=tf.keras.optimizers.Adagrad(0.1))
+        losses[optimize] = models[optimize].fit(dataset, epochs=2, verbose=0).history["loss"]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-6)
+    for wrapped in (models[True].query, models[True].candidate):
+        assert wrapped.picasso.program.describe_tables()
+        wrapped.picasso.write_back()
+    for p, w in zip(models[False].get_weights(), models[True].get_weights()):
+        np.testing.assert_allclose(w, p, rtol=1e-5, atol=1e-7)
+
+
 # -- Horovod's idioms ---------------------------------------------------------------------
 def test_horovod_s_distributed_tape_is_refused_and_its_optimizer_trains_like_one_process(tmp_path):
     """On 2 Gloo ranks: hvd.DistributedGradientTape over the model is refused by name

@@ -151,8 +151,8 @@ def check_has_call(model):
         raise UnsupportedModelError(
             f"{type(model).__name__} has no call(): picasso_tf rewrites the forward pass a model's call() "
             "defines, and this model computes its outputs elsewhere (in its own train_step, as the TensorFlow "
-            "Recommenders tutorials do). Move the forward pass into call(inputs, training=None), or train "
-            "the model without picasso_tf.optimize.")
+            "Recommenders retrieval tutorials do). Wrap the sub-models it calls (its query and candidate "
+            "towers) with picasso_tf.optimize instead, or move the forward pass into call(inputs, training=None).")
 
 
 def capture(model, specs, training, check_numerics=False):
