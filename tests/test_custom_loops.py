@@ -126,6 +126,18 @@ def test_hash_backed_tables_under_a_tape_are_refused_by_name():
     wrapped(x, training=False)      # without a tape it runs
 
 
+def test_train_on_batch_returns_what_the_plain_model_returns():
+    """Keras' contract: without return_dict, the values of metrics_names (a lone loss as
+    a scalar); the hot tier's figures come with return_dict=True, and in fit's logs."""
+    wrapped = picasso.optimize(wide_deep(), hybrid_hash=True)
+    wrapped.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="binary_crossentropy")
+    x, y, _ = next(batches())
+    assert isinstance(wrapped.train_on_batch(x, y), float) and wrapped.metrics_names == ["loss"]
+    logs = wrapped.train_on_batch(x, y, return_dict=True)
+    assert {"loss", "hot_hit_ratio", "hot_tier_rows"} <= set(logs), logs
+    assert "hot_hit_ratio" in wrapped.fit(x, y, batch_size=BATCH, verbose=0).history
+
+
 def test_xla_is_refused_by_name():
     wrapped = picasso.optimize(wide_deep())
     x, y, _ = next(batches())
