@@ -108,7 +108,8 @@ def _header(results, source):
         "optimizer, fed the same pre-built in-memory batches (a prefetched `tf.data` pipeline over stored "
         "tensors, so reading costs nothing). After a warm-up `fit` per variant (tracing and first steps), "
         f"the variants take turns (ABAB..., the starting one rotating) for several rounds; a step's time is "
-        "the interval between consecutive `on_train_batch_end` callbacks. Each cell gives the median over "
+        "the interval between consecutive `on_train_batch_end` callbacks, and each variant's round runs "
+        f"enough steps to last at least {_window(results)} s. Each cell gives the median over "
         "rounds of the per-round median samples/s, with the min–max over rounds in small print; ratios are "
         "taken within each round (both figures from the same round) and then summarised the same way. "
         "`load` is the 1-minute load average before→after the cell.",
@@ -119,6 +120,13 @@ def _header(results, source):
         "",
     ]
     return lines
+
+
+def _window(results):
+    """The shortest window a cell's rounds were timed over (the sizes' min_window_s)."""
+    windows = [r.get("min_window_s") for section in results.values() if isinstance(section, dict)
+               for r in section.get("rows", []) if isinstance(r, dict) and r.get("min_window_s") is not None]
+    return f"{min(windows):g}" if windows else "?"
 
 
 def _fmt_load(la):

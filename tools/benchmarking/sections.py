@@ -60,6 +60,7 @@ class Sizes:
     zoo_batch: int = 1024
     zoo_rounds: int = 5
     zoo_steps: int = 3
+    min_window_s: float = 1.0             # each round of a timed cell lasts at least this (timing.measure)
     zoo_max_buckets: int = 100_000
     alibaba_onehot: int = 7
     alibaba_sequences: int = 6            # behaviour sequences of cat0..cat5; cat6 stays one-hot
@@ -105,7 +106,8 @@ class Sizes:
 
 MODES = {
     "full": Sizes(),
-    "quick": Sizes(rounds=3, steps=4, warmup_steps=2, batches=2, packing_fields=40, packing_batch=2048,
+    "quick": Sizes(rounds=3, steps=4, warmup_steps=2, batches=2, min_window_s=0.2, packing_fields=40,
+                   packing_batch=2048,
                    breakdown_steps=2, stage_repeats=5, criteo_max_buckets=10_000,
                    zoo_models=("lr", "dlrm", "din"), zoo_batch=512, zoo_rounds=2, zoo_steps=3,
                    zoo_max_buckets=10_000, alibaba_seq_len=20, alibaba_vocab=10_000,
@@ -114,7 +116,8 @@ MODES = {
                    ablation_scale={"wide_deep": 0.25}, ops_models=("wide_deep", "mmoe"), ops_scale=0.25,
                    scaling_multipliers=(1, 2, 3), scaling_base_onehot=3, scaling_batch=512,
                    hot_storage_sizes=(0.01, 0.05, 0.2), hot_zipf=(1.05,), hot_steps=300),
-    "tiny": Sizes(rounds=2, steps=2, warmup_steps=2, batches=2, packing_configs=("wide_lr", "dlrm_adagrad"),
+    "tiny": Sizes(rounds=2, steps=2, warmup_steps=2, batches=2, min_window_s=0.0,
+                  packing_configs=("wide_lr", "dlrm_adagrad"),
                   packing_fields=6, packing_vocab=200, packing_batch=256, breakdown_steps=1, stage_repeats=2,
                   criteo_max_buckets=200, zoo_models=("lr",), zoo_datasets=("criteo",), zoo_batch=128,
                   zoo_rounds=1, zoo_steps=2, zoo_max_buckets=200, alibaba_seq_len=5, alibaba_vocab=200,
@@ -270,7 +273,7 @@ def _timed_row(name, trio, sizes, progress, rounds=None, steps=None, **fields):
         if extra not in ("baseline", "picasso", "bound"):
             pairs += [(extra, other) for other in ("baseline", "bound") if other in names]
     result = measure(trio.variants, rounds or sizes.rounds, steps or sizes.steps, sizes.warmup_steps,
-                     pairs=pairs, progress=lambda m: progress(f"{name}: {m}"))
+                     pairs=pairs, progress=lambda m: progress(f"{name}: {m}"), min_window_s=sizes.min_window_s)
     row = {"name": name, **fields, **trio.info, **result}
     row["optimizer_note"] = _optimizer_note(trio.variants)
     row["rss_gib"] = rss_gib()
@@ -619,7 +622,7 @@ def run_scaling(sizes, progress):
             meta[k] = {"fields": len(schema.categorical) + len(schema.sequences), **trio.info}
         result = measure(variants, sizes.zoo_rounds, sizes.zoo_steps, sizes.warmup_steps,
                          pairs=[(f"picasso@{k}x", f"baseline@{k}x") for k in sizes.scaling_multipliers],
-                         progress=lambda m: progress(f"scaling: {m}"))
+                         progress=lambda m: progress(f"scaling: {m}"), min_window_s=sizes.min_window_s)
     except Exception as e:           # noqa: BLE001
         out["error"] = _error(e)
         return out
@@ -796,7 +799,8 @@ def hot_tier_sweep(sizes, exponent, progress):
     counters = {v.name: _hot_counters(v.model) for v in variants if rows[v.name].get("hot_rows")}
     result = measure(variants, sizes.rounds, sizes.steps, sizes.warmup_steps,
                      pairs=[(v.name, "hybrid_hash=False") for v in variants[1:]],
-                     progress=lambda m: progress(f"hotstorage zipf {exponent}: {m}"))
+                     progress=lambda m: progress(f"hotstorage zipf {exponent}: {m}"),
+                     min_window_s=sizes.min_window_s)
     out = []
     for v in variants:
         row = {"name": f"zipf {exponent}, {v.name}", "variant": v.name, **common, **rows[v.name],

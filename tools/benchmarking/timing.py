@@ -6,7 +6,9 @@ in-memory dataset of pre-built batches. `measure` warms each one up (tracing and
 first steps happen there), then runs `rounds` rounds; in every round each variant
 trains `steps` steps with Keras' own `fit`, the variants taking turns (ABAB..., the
 starting variant rotating from round to round) so that a change of machine load hits
-them all alike. A step's time is the interval between two consecutive
+them all alike. With `min_window_s`, each variant trains enough steps per round to fill a
+window of at least that many seconds (counted from a probe after its warm-up): a median
+over a few milliseconds means nothing on a shared machine. A step's time is the interval between two consecutive
 `on_train_batch_end` callbacks, so fit's set-up and the first batch's iterator start
 are left out. Per round and variant the median step time gives samples/s; the result
 holds the median over rounds, the spread (min and max over rounds), and per pair the
@@ -69,7 +71,7 @@ def load_average():
 
 
 def measure(variants: List[Variant], rounds: int, steps: int, warmup_steps: int = 2,
-            pairs=(), progress: Optional[Callable[[str], None]] = None) -> Dict:
+            pairs=(), progress: Optional[Callable[[str], None]] = None, min_window_s: float = 0.0) -> Dict:
     """Times the variants interleaved (see the module docstring).
 
     pairs: (numerator, denominator) variant names whose throughput ratio is wanted,
@@ -81,20 +83,26 @@ def measure(variants: List[Variant], rounds: int, steps: int, warmup_steps: int 
     say = progress or (lambda _msg: None)
     steps = max(2, int(steps))
     load_before = load_average()
-    warm = {}
+    warm, steps_of = {}, {}
     for v in variants:
         say(f"warm-up {v.name}")
         start = time.perf_counter()
         step_times(v.model, v.dataset, max(2, warmup_steps))
         warm[v.name] = time.perf_counter() - start
+        # Enough steps per round for a window of min_window_s, from a probe of `steps` steps.
+        probe = statistics.median(step_times(v.model, v.dataset, steps + 1)) if min_window_s > 0 else 0.0
+        steps_of[v.name] = max(steps, int(-(-min_window_s // probe)) if probe > 0 else steps)
     per_round = {v.name: [] for v in variants}
+    windows = {v.name: [] for v in variants}
     for r in range(rounds):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for v in order:
             say(f"round {r + 1}/{rounds} {v.name}")
-            per_round[v.name].append(statistics.median(step_times(v.model, v.dataset, steps + 1)))
-    out = {"rounds": rounds, "steps": steps, "warmup_steps": warmup_steps, "variants": {}, "ratios": {},
-           "load_average": [load_before, load_average()]}
+            intervals = step_times(v.model, v.dataset, steps_of[v.name] + 1)
+            per_round[v.name].append(statistics.median(intervals))
+            windows[v.name].append(sum(intervals))
+    out = {"rounds": rounds, "steps": steps, "min_window_s": min_window_s, "warmup_steps": warmup_steps,
+           "variants": {}, "ratios": {}, "load_average": [load_before, load_average()]}
     for v in variants:
         secs = per_round[v.name]
         sps = [v.batch_size / s for s in secs]
@@ -105,6 +113,8 @@ def measure(variants: List[Variant], rounds: int, steps: int, warmup_steps: int 
             "samples_per_s_min": min(sps),
             "samples_per_s_max": max(sps),
             "step_ms": 1e3 * statistics.median(secs),
+            "steps_per_round": steps_of[v.name],
+            "window_s": statistics.median(windows[v.name]),
             "warmup_s": warm[v.name],
         }
     for a, b in pairs:
