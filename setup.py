@@ -94,6 +94,7 @@ TOOLS = {
     "picasso-profile-graph": "picasso_tf.tools.profile_graph:main",
     "picasso-bench": "picasso_tf.tools.bench:main",
     "picasso-gen-data": "picasso_tf.tools.gen_data:main",
+    "picasso-run": "picasso_tf.tools.launch:main",
 }
 # tensorflow-cpu and tensorflow[and-cuda] install the same module, so an extra cannot
 # swap one for the other: PICASSO_TF_PACKAGE=gpu chooses the CUDA build at install time.
@@ -106,7 +107,7 @@ setup(
     description="PICASSO training backend for wide-and-deep recommendation models on TensorFlow 2.15",
     python_requires=">=3.11,<3.12",
     packages=["picasso_tf"] + ["picasso_tf." + p for p in (
-        "ops", "graph", "passes", "embedding", "runtime", "data", "profiling")]
+        "ops", "graph", "passes", "embedding", "runtime", "data", "distributed", "profiling")]
     + ["picasso_tf.models", "picasso_tf.tools", "picasso_tf.tools.benchmarking"],
     package_dir={"picasso_tf": "picasso_tf", "picasso_tf.models": "models",
                  "picasso_tf.tools": "tools"},

@@ -28,8 +28,10 @@ if ! .venv/bin/python -c "import horovod.tensorflow as h; assert h.mpi_built() a
     "${pip[@]}" --no-build-isolation --no-cache-dir --force-reinstall "horovod==0.28.1"
 fi
 # Checked from outside the checkout: there, only an installed picasso_tf imports (with
-# its zoo and tools, which live in top-level models/ and tools/).
-if ! (cd / && "$ROOT/.venv/bin/python" -c "import picasso_tf.models, picasso_tf.tools") 2>/dev/null; then
+# its zoo and tools, which live in top-level models/ and tools/). An install from before
+# a console script was added lacks it: the newest one (picasso-run) stands for them all.
+if ! (cd / && "$ROOT/.venv/bin/python" -c "import picasso_tf.models, picasso_tf.tools") 2>/dev/null \
+    || [ ! -x .venv/bin/picasso-run ]; then
   "${pip[@]}" --no-build-isolation --no-deps -e .
 fi
 # Rebuilds the op library only when a source is newer than it.

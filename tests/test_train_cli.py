@@ -229,20 +229,21 @@ def test_console_script_trains(tmp_path):
 
 
 def test_trains_on_two_horovod_ranks(tmp_path):
-    """The same command under horovodrun: the picasso model sharded over the ranks and
-    the baseline data-parallel train the same model on the same samples, so their
-    results agree; rank 0 alone writes the summary and the export."""
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    if not os.path.exists(horovodrun):
+    """The same command under picasso-run (as the README starts it: MPI, its default
+    here): the picasso model sharded over the ranks and the baseline data-parallel train
+    the same model on the same samples, so their results agree; rank 0 alone writes the
+    summary and the export."""
+    if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "horovodrun")):
         pytest.skip("horovodrun is not installed")
-    done = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+    picasso_run = os.path.join(os.path.dirname(sys.executable), "picasso-run")
+    done = subprocess.run([picasso_run, "-np", "2", sys.executable, "-m",
                            "picasso_tf.tools.train", *TINY, "--steps", "4", *FAST, "--optimizer", "adagrad",
                            "--picasso-option", "replicate_tables_below=0", "--logdir", str(tmp_path / "run"),
                            "--summary", str(tmp_path / "s.json"), "--export", str(tmp_path / "export")],
                           capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     s = json.load(open(tmp_path / "s.json"))
-    assert s["ranks"] == 2
+    assert s["ranks"] == 2 and s["transport"] == "mpi"
     base, pic = s["results"]["baseline"], s["results"]["picasso"]
     assert base["steps"] == pic["steps"] == 4
     assert pic["test_auc"] == pytest.approx(base["test_auc"], abs=1e-4)

@@ -31,12 +31,13 @@ the original (un-rewritten) zoo model, model.original.save_weights(DIR/weights),
 a SavedModel of it that stock TensorFlow serves (DIR/saved_model, written by
 model.picasso.export), plus DIR/schema.json and DIR/export.json.
 
-Ranks: under `horovodrun -np N` the same command trains on N processes: the
-picasso model with hybrid parallelism (tables sharded over the ranks, dense layers
-replicated), the baseline data-parallel with Horovod's DistributedOptimizer. Each rank
-trains on its shard of every epoch with --batch-size examples per step (so N times as
-many per step in all); samples/s, AUC and log loss are over all ranks (the test set is
-split among them and their predictions gathered); rank 0 prints and writes.
+Ranks: under `picasso-run -np N` (or horovodrun, mpirun) the same command trains on N
+processes: the picasso model with hybrid parallelism (tables sharded over the ranks,
+dense layers replicated), the baseline data-parallel with Horovod's
+DistributedOptimizer. Each rank trains on its shard of every epoch with --batch-size
+examples per step (so N times as many per step in all); samples/s, AUC and log loss
+are over all ranks (the test set is split among them and their predictions gathered);
+rank 0 prints and writes.
 
 Exit codes: 0 done; 2 bad arguments or data (one line naming the problem and the
 valid choices); 3 started by a launcher with more than one process but without a
@@ -54,6 +55,7 @@ import time
 from picasso_tf import data as pdata
 from picasso_tf.data.errors import first_line
 from picasso_tf.data.files import FORMATS
+from picasso_tf.distributed.world import horovod_transport, launched_world
 
 EXIT_USAGE = 2
 EXIT_MULTIPROCESS = 3
@@ -82,39 +84,11 @@ REFUSALS = (NotImplementedError, ValueError, TypeError)
 
 # -- multi-process launchers -----------------------------------------------------------------------
 
-_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
-_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
-
-
-def launched_world(environ=None):
-    """(size, rank) of the process group that horovodrun/mpirun started us in; (1, 0)
-    when started alone. Read from the launcher's environment, so it costs no import;
-    horovod itself is asked only when a launcher set a rank but no size."""
-    environ = os.environ if environ is None else environ
-
-    def first_int(names):
-        for name in names:
-            value = environ.get(name, "")
-            if value.strip().isdigit():
-                return int(value)
-        return None
-
-    size, rank = first_int(_SIZE_VARS), first_int(_RANK_VARS)
-    if size is None and rank is not None:
-        try:
-            import horovod.tensorflow as hvd
-            hvd.init()
-            size, rank = hvd.size(), hvd.rank()
-        except Exception:   # noqa: BLE001  (no horovod: the rank variable alone says "more than one")
-            size = rank + 1 if rank > 0 else 1
-    return (size or 1), (rank or 0)
-
-
 class Ranks:
     """The Horovod ranks this run trains on (one process: a world of one, no Horovod)."""
 
-    def __init__(self, size=1, rank=0):
-        self.size, self.rank = size, rank
+    def __init__(self, size=1, rank=0, transport=None):
+        self.size, self.rank, self.transport = size, rank, transport
 
     @classmethod
     def join(cls, launched_size):
@@ -122,7 +96,7 @@ class Ranks:
         hvd.init()
         if hvd.size() != launched_size:
             raise RuntimeError(f"the launcher started {launched_size} processes but Horovod sees {hvd.size()}")
-        return cls(hvd.size(), hvd.rank())
+        return cls(hvd.size(), hvd.rank(), horovod_transport())
 
     @property
     def lead(self):
@@ -699,7 +673,8 @@ def run(args):
     print(f"  train {data.train.num_examples} / test {data.test.num_examples} examples; "
           f"{recipe['optimizer']} lr {recipe['learning_rate']}, batch {bs}, {total_steps} steps "
           f"({total_steps / steps_per_epoch:.2g} epochs); mode {args.mode}; logdir {logdir}"
-          + (f"; {ranks.size} ranks, batch {bs} each" if ranks.size > 1 else ""), flush=True)
+          + (f"; {ranks.size} ranks over {ranks.transport}, batch {bs} each" if ranks.size > 1 else ""),
+          flush=True)
 
     # Models: built once (seeded); the picasso copy starts from the same weights.
     meta = zoo.info(args.model)
@@ -797,7 +772,7 @@ def run(args):
         "table": table, "picasso_report": report, "export": export, "logdir": logdir,
         "machine": _machine(), "wall_seconds": time.perf_counter() - started,
     }
-    summary["ranks"] = ranks.size
+    summary["ranks"], summary["transport"] = ranks.size, ranks.transport
     summary_path = args.summary or os.path.join(logdir, "summary.json")
     if ranks.lead:
         os.makedirs(os.path.dirname(os.path.abspath(summary_path)), exist_ok=True)
@@ -850,8 +825,8 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001  (no horovod, or it cannot start: said in one line)
             # Every rank says it: a launcher may stop the job as soon as one rank exits.
             print(f"picasso-train: started as {size} processes (this is rank {rank}), but Horovod cannot "
-                  f"join them: {first_line(e)}. Start it with horovodrun (scripts/setup_env.sh builds "
-                  "Horovod), or as one process; nothing was trained.", file=sys.stderr, flush=True)
+                  f"join them: {first_line(e)}. Start it with picasso-run -np {size} (scripts/setup_env.sh "
+                  "builds Horovod), or as one process; nothing was trained.", file=sys.stderr, flush=True)
             return EXIT_MULTIPROCESS
         if not ranks.lead:
             sys.stdout = open(os.devnull, "w")     # rank 0 prints

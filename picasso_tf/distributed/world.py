@@ -70,8 +70,12 @@ def launched_world(environ=None):
 
 def horovod_transport():
     """"mpi" or "gloo": what the initialised Horovod runs its collectives over (None
-    when it is not initialised), to check that a launcher gave the transport asked for."""
-    horovod = hvd()
+    when it is not initialised or not installed), to check that a launcher gave the
+    transport asked for."""
+    try:
+        horovod = hvd()
+    except ImportError:
+        return None
     if not horovod.is_initialized():
         return None
     return "mpi" if horovod.mpi_enabled() else "gloo" if horovod.gloo_enabled() else None

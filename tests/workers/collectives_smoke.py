@@ -1,14 +1,21 @@
-"""Run by tests/test_horovod.py under `horovodrun -np 2 --gloo`: one AllToAllv with
-uneven splits and one Allreduce, and the same AllToAllv over the float16 wire
-(picasso_tf.distributed.wire) with its gradient; each rank writes what it got as JSON."""
+"""Run by tests/test_horovod.py under `picasso-run -np 2` (MPI or Gloo): one AllToAllv
+with uneven splits and one Allreduce, and the same AllToAllv over the float16 wire
+(picasso_tf.distributed.wire) with its gradient; then both ranks sleep with nothing to
+do. Each rank writes as JSON what it got, the transport Horovod ran on, and the CPU
+seconds it used while asleep (a rank spinning in its transport's wait loop uses ~1 per
+second)."""
 import json
 import sys
+import time
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 from picasso_tf.distributed.wire import alltoall_rows
+from picasso_tf.distributed.world import horovod_transport
+
+IDLE_S = 2.0
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -30,9 +37,14 @@ with tf.GradientTape() as tape:
     weights = tf.constant([weight(s, rank, k) for s in range(size) for k in range(rank + 1)], tf.float32)
     loss = tf.reduce_sum(over_wire * weights)
 gradient = tape.gradient(loss, values).numpy()
+hvd.allreduce(tf.constant([0.0]), name="smoke_idle_start").numpy()       # both ranks idle from here
+began = time.process_time()
+time.sleep(IDLE_S)
+idle_cpu_s = time.process_time() - began
 expected = np.array([weight(rank, j, k) for j in range(size) for k in range(j + 1)], np.float32)
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
-    json.dump({"size": size, "received": received.numpy().tolist(),
+    json.dump({"size": size, "transport": horovod_transport(),
+               "idle_s": IDLE_S, "idle_cpu_s": idle_cpu_s, "received": received.numpy().tolist(),
                "received_splits": received_splits.numpy().tolist(),
                "allreduce": summed.numpy().tolist(), "wire_received": over_wire.numpy().tolist(),
                "wire_dtype": over_wire.dtype.name,

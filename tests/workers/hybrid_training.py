@@ -1,5 +1,5 @@
-"""Trains a small wide-and-deep model with picasso_tf, under `horovodrun -np N --gloo`
-or as one process (no Horovod), for tests/test_horovod.py.
+"""Trains a small wide-and-deep model with picasso_tf, under `picasso-run -np N` (MPI or
+Gloo) or as one process (no Horovod), for tests/test_horovod.py.
 
     hybrid_training.py OUT_DIR [--optimizers sgd,adagrad,adam] [--batches-rank1 K]
                                [--restore DIR] [--save DIR] [--no-train] [--hybrid-hash]
@@ -9,10 +9,10 @@ or as one process (no Horovod), for tests/test_horovod.py.
 Every rank reads the same global batches of 64 samples and keeps its contiguous share,
 so N ranks train on the samples one process trains on. Per optimizer, rank 0 writes
 OUT_DIR/OPT.npz (the model's get_weights and the optimizer's table-shaped slots,
-after write_back) and OUT_DIR/OPT.json (the collectives in one training step's graph,
-the steps run, the loss after each step, and with --count-bytes the bytes each
-AllToAllv of the step sent, per step); every rank writes OUT_DIR/OPT.rankR.rows.json (the rows its variables
-of each row-sharded table hold).
+after write_back) and OUT_DIR/OPT.json (the transport Horovod ran on, the collectives
+in one training step's graph, the steps run, the loss after each step, and with
+--count-bytes the bytes each AllToAllv of the step sent, per step); every rank writes
+OUT_DIR/OPT.rankR.rows.json (the rows its variables of each row-sharded table hold).
 """
 import argparse
 import json
@@ -22,10 +22,11 @@ import numpy as np
 import tensorflow as tf
 
 import picasso_tf
+from picasso_tf.distributed.world import horovod_transport, launched_world
 
 try:
     import horovod.tensorflow as hvd
-    if os.environ.get("HOROVOD_RANK") is not None:
+    if launched_world()[0] > 1:
         hvd.init()
 except ImportError:
     hvd = None
@@ -176,7 +177,8 @@ def run(args, optimizer, size, rank):
         np.savez(os.path.join(args.out, f"{optimizer}.npz"), *weights, *slots)
         report = model.picasso.reports["training"]["passes"]
         with open(os.path.join(args.out, f"{optimizer}.json"), "w") as f:
-            json.dump({"size": size, "collectives": counts, "steps": int(model.optimizer.iterations.numpy()),
+            json.dump({"size": size, "transport": horovod_transport(), "collectives": counts,
+                       "steps": int(model.optimizer.iterations.numpy()),
                        "losses": losses.losses, "bytes_per_step": {
                            k: int(v.numpy()) / max(len(losses.losses), 1) for k, v in SENT.items()},
                        "distribute": next(p for p in report if p["pass"] == "distribute"),
