@@ -4,8 +4,10 @@ batches:
 
   plain loop      the plain Keras model, tape + optimizer.apply_gradients
   picasso loop    the wrapped model, tape + optimizer.apply_gradients (Keras' updates)
-  picasso fused   the wrapped model, tape + model.picasso.apply_gradients (fused updates)
-  picasso fit     the wrapped model's fit (its own step: updates inside the gradient kernels)
+  picasso apply   the wrapped model, tape + model.picasso.apply_gradients (fused updates)
+  picasso fused   the same, tape.gradient inside model.picasso.fused_gradients (the tables
+                  updated inside their gradient kernels, as fit's step does)
+  picasso fit     the wrapped model's fit
 
     python benchmarks/custom_loops.py [--models wide_deep,dlrm] [--batch 4096] [--rounds 5] [--window 1.0]
 
@@ -16,6 +18,7 @@ is the median over rounds, and each ratio is taken round by round against the pl
 loop, then its median (min-max) reported.
 """
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -31,10 +34,11 @@ from picasso_tf.tools.benchmarking import sections as bench_sections
 from picasso_tf.tools.benchmarking.timing import in_memory_dataset, step_times
 
 
-def loop(model, optimizer, dataset, fused):
-    """A function running `steps` steps of the tape loop (the step a tf.function)."""
+def loop(model, optimizer, dataset, apply="keras"):
+    """A function running `steps` steps of the tape loop (the step a tf.function);
+    apply: "keras" (optimizer.apply_gradients), "picasso" (model.picasso.apply_gradients)
+    or "fused" (that, with tape.gradient inside model.picasso.fused_gradients)."""
     loss_fn = tf.keras.losses.BinaryCrossentropy()
-    apply = model.picasso.apply_gradients if fused else (lambda opt, pairs: opt.apply_gradients(pairs))
 
     @tf.function
     def step(x, y):
@@ -42,8 +46,12 @@ def loop(model, optimizer, dataset, fused):
             loss = loss_fn(y, model(x, training=True))
             if model.losses:
                 loss += tf.add_n(model.losses)
-        grads = tape.gradient(loss, model.trainable_variables)
-        apply(optimizer, zip(grads, model.trainable_variables))
+        with model.picasso.fused_gradients(optimizer) if apply == "fused" else contextlib.nullcontext():
+            grads = tape.gradient(loss, model.trainable_variables)
+        if apply == "keras":
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        else:
+            model.picasso.apply_gradients(optimizer, zip(grads, model.trainable_variables))
         return loss
 
     batches = iter(dataset)
@@ -74,14 +82,14 @@ def variants(name, data, batch):
     plain = build()
     weights = plain.get_weights()
     dataset = in_memory_dataset(bm.batches(data, plain, batch, 4))
-    out = {"plain loop": loop(plain, tf.keras.optimizers.Adagrad(0.01), dataset, fused=False)}
-    for variant in ("picasso loop", "picasso fused", "picasso fit"):
+    out = {"plain loop": loop(plain, tf.keras.optimizers.Adagrad(0.01), dataset)}
+    for variant, apply in (("picasso loop", "keras"), ("picasso apply", "picasso"), ("picasso fused", "fused"),
+                           ("picasso fit", None)):
         copy = build()
         copy.set_weights(weights)
         wrapped = picasso_tf.optimize(copy)
         optimizer = tf.keras.optimizers.Adagrad(0.01)
-        out[variant] = (fit(wrapped, optimizer, dataset) if variant == "picasso fit"
-                        else loop(wrapped, optimizer, dataset, fused=variant == "picasso fused"))
+        out[variant] = fit(wrapped, optimizer, dataset) if apply is None else loop(wrapped, optimizer, dataset, apply)
     return out
 
 

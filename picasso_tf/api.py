@@ -18,6 +18,7 @@ holds its block): save_weights writes the blocks from every rank into one checkp
 of that format, and get_weights, export and the one-file formats gather the tables.
 """
 import contextlib
+import dataclasses
 import functools
 import inspect
 
@@ -49,7 +50,7 @@ from picasso_tf.runtime.fused_update import make_fused_update, refuse_clipping
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
 from picasso_tf.runtime.micro_batches import check_losses, embedding_cut, loss_refusal, run_micro_batches
 from picasso_tf.runtime.step import RewrittenForward, TrainingStep
-from picasso_tf.runtime.tape import forward_for_tapes
+from picasso_tf.runtime.tape import forward_for_tapes, updating_in_gradient
 
 
 def optimize(target=None, *, example_inputs=None, warmup_data=None, **options):
@@ -100,7 +101,7 @@ class PicassoInfo:
         self.updated_in_gradient = []   # storage variables their gradient kernel updates (last trace)
         self.table_variables = []       # every embedding table the analysis recognised, storage ones too
         self.world = World()            # the Horovod ranks it runs on (picasso_tf.distributed)
-        self._apply_gradients = None    # the PicassoModel's, once it is made
+        self._apply_gradients = self._fused_gradients = None    # the PicassoModel's, once it is made
 
     @property
     def reports(self):
@@ -149,6 +150,14 @@ class PicassoInfo:
         where exact). Use it in place of ``optimizer.apply_gradients`` in a
         tf.GradientTape loop; same result, fewer ops (docs/custom_loops.md)."""
         return self._apply_gradients(optimizer, grads_and_vars)
+
+    def fused_gradients(self, optimizer):
+        """A block around ``tape.gradient`` in a tf.function custom loop: the fused
+        lookups' gradient kernels update their tables with `optimizer` as fit's step
+        does (those tables' gradients come back None), and the next
+        ``model.picasso.apply_gradients(optimizer, ...)`` applies the rest and
+        completes the step. Eagerly it changes nothing (docs/custom_loops.md)."""
+        return self._fused_gradients(optimizer)
 
     def check_optimizer(self, optimizer):
         """Refuses a Keras optimizer that some storage cannot apply, before training
@@ -229,7 +238,8 @@ class PicassoModel(tf.keras.Model):
         self._autocast = False
         self.original = original            # tracked: its variables stay in checkpoints
         self.picasso = PicassoInfo(config, original)
-        self.picasso._apply_gradients = self._apply_gradients
+        self.picasso._apply_gradients, self.picasso._fused_gradients = self._apply_gradients, self._fused_gradients
+        self._in_gradient = None            # the last fused_gradients block's InGradientUpdates
         self._own_steps = own_steps         # the steps the original overrides, which run bound to this model
         self._warmup_data = warmup_data
         self._forward = None
@@ -323,8 +333,27 @@ class PicassoModel(tf.keras.Model):
                 "picasso_tf: model.picasso.apply_gradients under Horovod would apply each rank's own gradients; "
                 "train with fit() or train_on_batch(), whose step exchanges them in the hybrid plan")
         step = self._training_step(optimizer)
-        step.apply(optimizer, step.split([(g, stored_variable(v)) for g, v in grads_and_vars if g is not None]))
+        gradients = step.split([(g, stored_variable(v)) for g, v in grads_and_vars if g is not None])
+        in_gradient, self._in_gradient = self._in_gradient, None
+        if in_gradient is not None and in_gradient.ops:
+            if in_gradient.iteration is not optimizer.iterations:
+                raise ValueError("picasso_tf: model.picasso.apply_gradients got another optimizer than the "
+                                 "model.picasso.fused_gradients block before it; give both the same one")
+            gradients = dataclasses.replace(gradients, updated_in_gradient=in_gradient.variables,
+                                            update_ops=in_gradient.ops)
+        step.apply(optimizer, gradients)
         return optimizer.iterations
+
+    @contextlib.contextmanager
+    def _fused_gradients(self, optimizer):
+        """model.picasso.fused_gradients: see PicassoInfo."""
+        if self._forward is None:
+            raise ValueError(f"picasso_tf: {self.name} has not run a forward pass yet: call it under the tape first")
+        step = self._training_step(optimizer)
+        updates = step.in_gradient_updates(optimizer.iterations)
+        with updating_in_gradient(updates):
+            yield
+        self._in_gradient = updates
 
     def make_training_step(self, optimizer):
         """(TrainingStep for `optimizer`, how it updates the storage): what train_step

@@ -3,6 +3,7 @@ tf.function and eagerly, a model's own train_step / test_step / compute_loss (an
 TensorFlow Recommenders model), train exactly like the plain model; what cannot is
 refused by name (XLA, hash-backed tables under a tape, own steps with micro-batches).
 Horovod's DistributedGradientTape is refused by name, its DistributedOptimizer trains."""
+import contextlib
 import json
 
 import numpy as np
@@ -335,25 +336,32 @@ def test_horovod_s_distributed_tape_is_refused_and_its_optimizer_trains_like_one
         np.testing.assert_allclose(two[key], one[key], rtol=1e-6, atol=1e-7, err_msg=key)
 
 
-def test_the_fused_apply_trains_a_tape_loop_exactly():
+@pytest.mark.parametrize("in_gradient", [False, True], ids=["apply_gradients", "fused_gradients"])
+def test_the_fused_updates_train_a_tape_loop_exactly(in_gradient):
     """model.picasso.apply_gradients: the tables' IndexedSlices through the fused
-    row-sparse kernels, the rest through the fused dense update, as fit's step."""
-    regularizer = tf.keras.regularizers.L2(1e-3)
-    for optimizer in sorted(OPTIMIZERS):
+    row-sparse kernels, the rest through the fused dense update; with tape.gradient
+    inside model.picasso.fused_gradients, the tables updated in their gradient kernels
+    where the optimizer allows (not Adam's exact form), their gradients None."""
+    regularizer = None if in_gradient else tf.keras.regularizers.L2(1e-3)
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
+    for name in sorted(OPTIMIZERS):
         plain, wrapped = wide_deep(regularizer), picasso.optimize(wide_deep(regularizer))
-        expected, _ = tape_loop(plain, OPTIMIZERS[optimizer](), eagerly=False)
-        fused = FusedApply(wrapped, OPTIMIZERS[optimizer]())
-        got, _ = tape_loop(wrapped, fused, eagerly=False)
-        np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=optimizer)
+        expected, _ = tape_loop(plain, OPTIMIZERS[name](), eagerly=False)
+        optimizer = OPTIMIZERS[name]()
+
+        @tf.function
+        def step(x, y, w):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, wrapped(x, training=True), sample_weight=w)
+                if wrapped.losses:
+                    loss += tf.add_n(wrapped.losses)
+            with wrapped.picasso.fused_gradients(optimizer) if in_gradient else contextlib.nullcontext():
+                grads = tape.gradient(loss, wrapped.trainable_variables)
+            wrapped.picasso.apply_gradients(optimizer, zip(grads, wrapped.trainable_variables))
+            return loss, sum(g is None for g in grads)
+
+        got = [step(*batch) for batch in batches()]
+        np.testing.assert_allclose([float(loss) for loss, _ in got], expected, rtol=1e-6, err_msg=name)
         assert_same_weights(plain, wrapped)
-        assert wrapped.picasso.optimizer_note.startswith(f"packed tables: fused {fused.inner.__class__.__name__}")
-
-
-class FusedApply:
-    """An optimizer-shaped adapter, so tape_loop's apply_gradients takes the fused path."""
-
-    def __init__(self, model, inner):
-        self.model, self.inner = model, inner
-
-    def apply_gradients(self, pairs):
-        return self.model.picasso.apply_gradients(self.inner, pairs)
+        assert wrapped.picasso.optimizer_note.startswith(f"packed tables: fused {type(optimizer).__name__}")
+        assert int(got[-1][1]) == (FIELDS if in_gradient and name != "adam" else 0), name

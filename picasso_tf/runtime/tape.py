@@ -8,18 +8,38 @@ watches them, as it does a read of a variable), and the whole imported forward i
 recorded operation from the features and those variables' handles (as a variable read
 records its handle) to the outputs and the regularisation loss. Its backward is
 tf.gradients over the imported ops, which carry their registered gradients: row-sparse
-tf.IndexedSlices for the tables, as the plain model's lookups give. No in-kernel
-update runs there (that needs the step's optimizer: picasso_tf.runtime.step).
+tf.IndexedSlices for the tables, as the plain model's lookups give; inside
+`updating_in_gradient` (model.picasso.fused_gradients) the kernels update their tables
+instead, as fit's step does.
 
 Called eagerly, the forward runs as a tf.function: its call is differentiated by
 TensorFlow through the function's graph, imported ops included, and the tapes learn
 the variables read from the function's watched variables (recorded while tracing).
 """
+import contextlib
+import threading
+
 import tensorflow as tf
 from tensorflow.python.eager import record
 from tensorflow.python.ops import resource_variable_ops
 
 from picasso_tf.errors import UnsupportedModelError
+from picasso_tf.ops.in_gradient import update_tables_in_gradient
+
+_in_gradient = threading.local()
+
+
+@contextlib.contextmanager
+def updating_in_gradient(updates):
+    """While active, a tape's gradient of the rewritten forward lets the fused gradient
+    kernels update their tables (`updates`: a runtime.fused_update.InGradientUpdates,
+    which collects the ops and the tables they updated; those get no gradient)."""
+    previous = getattr(_in_gradient, "updates", None)
+    _in_gradient.updates = updates
+    try:
+        yield updates
+    finally:
+        _in_gradient.updates = previous
 
 
 def tape_is_recording():
@@ -87,6 +107,7 @@ def _record(inputs, variables, outputs):
         if not pairs:
             return [None] * len(sources)
         ys, grad_ys = zip(*pairs)
-        return tf.gradients(list(ys), sources, grad_ys=list(grad_ys))
+        with update_tables_in_gradient(getattr(_in_gradient, "updates", None)):
+            return tf.gradients(list(ys), sources, grad_ys=list(grad_ys))
 
     record.record_operation("PicassoRewrittenForward", outputs, features + [v.handle for v in variables], backward)
