@@ -1,10 +1,11 @@
 """A tf.GradientTape training loop around a wrapped model: the zoo's DLRM on generated
 Criteo-like data.
 
-The tape differentiates the rewritten forward pass; model.picasso.apply_gradients
-applies the gradients as fit's step does (the tables through the fused row-sparse
-kernels). optimizer.apply_gradients works too, with the same result, more slowly.
-See docs/custom_loops.md.
+The tape differentiates the rewritten forward pass. Inside model.picasso.fused_gradients
+the tables' gradient kernels update them (their gradients come back None), and
+model.picasso.apply_gradients applies the rest, as fit's step does. A plain
+optimizer.apply_gradients(zip(grads, variables)) without the block gives the same
+result, more slowly. See docs/custom_loops.md.
 
     python examples/custom_loop.py
 """
@@ -29,7 +30,8 @@ def train_step(x, y):
         loss = loss_fn(y, model(x, training=True))
         if model.losses:                                # regularisers, as for the plain model
             loss += tf.add_n(model.losses)
-    grads = tape.gradient(loss, model.trainable_variables)
+    with model.picasso.fused_gradients(optimizer):     # tables updated in their gradient kernels
+        grads = tape.gradient(loss, model.trainable_variables)
     model.picasso.apply_gradients(optimizer, zip(grads, model.trainable_variables))
     return loss
 
