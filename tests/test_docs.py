@@ -1,6 +1,6 @@
 """The documentation cannot drift from the code: the options page is what its generator
 writes from Config's docstring and names every option, the errors page names every
-error class, every relative link resolves, the README keeps the command CI runs and
+error class, every relative link (README, examples/README.md, docs/) resolves, the README keeps the command CI runs and
 quotes docs/benchmarks.md's figures, and its quick start runs."""
 import ast
 import builtins
@@ -62,7 +62,8 @@ def test_the_errors_page_names_every_error_class():
 
 
 def markdown_files():
-    return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(DOCS, "*.md")))
+    return ([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "examples", "README.md")]
+            + sorted(glob.glob(os.path.join(DOCS, "*.md"))))
 
 
 def test_every_relative_link_points_to_a_file():
