@@ -2,12 +2,13 @@
 2-rank CPU efficiency of benchmarks/hybrid_parallel.py.
 
     .venv/bin/python benchmarks/collective_cost.py [--sizes 65536 524288 2097152] [--ops 200]
+        [--transport mpi|gloo]
 
-Starts `horovodrun -np 2 --gloo` on itself. Each rank, with 1 intra-op and 1 inter-op
+Starts `picasso-run -np 2 --mpi` (or --gloo) on itself. Each rank, with 1 intra-op and 1 inter-op
 thread as the training benchmark's ranks, runs --ops AllToAllv (half the buffer to each
 rank) and --ops Allreduce of each size back to back inside a tf.function, both ranks
 ready together, and prints per op: the rank's CPU time (time.process_time: every thread
-of the process, Horovod's background thread and Gloo's event loop included) and the wall
+of the process, Horovod's background thread and the transport's included) and the wall
 time. Then rank 1 enters one AllToAllv a second late, and rank 0 prints the CPU it spent
 waiting. No model, no data: what is left of a training step's CPU above these is the
 exchange code's own.
@@ -61,17 +62,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[64 << 10, 512 << 10, 2 << 20])
     parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--transport", choices=("mpi", "gloo"), default="mpi")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
         return rank_main(args.sizes, args.ops)
-    command = [os.path.join(ROOT, ".venv", "bin", "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+    command = [os.path.join(ROOT, ".venv", "bin", "picasso-run"), "-np", "2", f"--{args.transport}",
                sys.executable, os.path.abspath(__file__), "--rank", "--ops", str(args.ops),
                "--sizes", *map(str, args.sizes)]
-    print(f"2 ranks on loopback, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; "
-          f"{args.ops} ops of each kind and size, back to back", flush=True)
+    print(f"2 ranks on loopback over {args.transport}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f}; {args.ops} ops of each kind and size, back to back", flush=True)
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    print("\n".join(sorted(line.split(":", 1)[1] for line in out.splitlines() if "<stdout>:rank" in line)))
+    # Each launcher tags a rank's lines: Gloo "[0]<stdout>:rank 0 ...", MPI "[1,0]<stdout>: rank 0 ...".
+    tagged = (line.split("<stdout>:", 1)[1].strip() for line in out.splitlines() if "<stdout>:" in line)
+    print("\n".join(sorted(line for line in tagged if line.startswith("rank "))))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Hybrid parallelism on loopback: 1 process against `horovodrun -np 2 --gloo`, for zoo
-models on the synthetic criteo preset, with each rank on 1 intra-op and 1 inter-op
-thread and the same per-rank batch. Prints:
+"""Hybrid parallelism on loopback: 1 process against `picasso-run -np 2` (MPI, or Gloo with
+--transport gloo), for zoo models on the synthetic criteo preset, with each rank on 1
+intra-op and 1 inter-op thread and the same per-rank batch. Prints:
 
   1. samples per CPU-second (time.process_time over the timed steps, summed over the
      ranks) of the 2-rank run as a share of the 1-rank run's, and wall-clock figures;
@@ -17,6 +17,7 @@ thread and the same per-rank batch. Prints:
     .venv/bin/python benchmarks/hybrid_parallel.py [--models wide_deep,dlrm] [--batch 2048]
         [--steps 40] [--repeats 2] [--big-batch 8192] [--memory-buckets 50000]
         [--wire-models wide_deep,dlrm] [--wire-batch 256] [--wire-steps 400] [--heldout 20000]
+        [--transport mpi|gloo]
 
 Each configuration runs benchmarks/hybrid_parallel_worker.py: timed runs carry no
 timeline and no counters (both cost CPU, the timeline a lot on rank 0); a separate
@@ -38,7 +39,7 @@ from picasso_tf.config import Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(ROOT, ".venv", "bin", "python")
-HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
+PICASSO_RUN = os.path.join(ROOT, ".venv", "bin", "picasso-run")
 WORKER = os.path.join(ROOT, "benchmarks", "hybrid_parallel_worker.py")
 
 # The projection's network: a 25 Gbit/s link per rank, and a per-message latency (one
@@ -50,8 +51,9 @@ PROJECTED_RANKS = (8, 64, 256)
 
 
 def run_worker(out, model, batch, warmup, steps, size, replicate_below=None, instrument=False, timeline=None,
-               buckets=None, wire_dtype="float32", heldout=0):
-    """Runs one configuration; returns the ranks' result dicts."""
+               buckets=None, wire_dtype="float32", heldout=0, transport="mpi", stock=None):
+    """Runs one configuration (`stock`: the stock Keras model, see the worker's --stock) on
+    `size` ranks over `transport`; returns the ranks' result dicts."""
     shutil.rmtree(out, ignore_errors=True)
     args = [WORKER, out, "--model", model, "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps),
             "--wire-dtype", wire_dtype, "--heldout", str(heldout)]
@@ -61,15 +63,20 @@ def run_worker(out, model, batch, warmup, steps, size, replicate_below=None, ins
         args += ["--replicate-below", str(replicate_below)]
     if instrument:
         args.append("--instrument")
+    if stock:
+        args += ["--stock", stock]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env.pop("HOROVOD_TIMELINE", None)
     if timeline:
         env["HOROVOD_TIMELINE"] = timeline
-    command = [PY] + args if size == 1 else [HOROVODRUN, "-np", str(size), "-H", f"localhost:{size}", "--gloo", PY] + args
+    command = [PY] + args if size == 1 else [PICASSO_RUN, "-np", str(size), f"--{transport}", PY] + args
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         sys.exit(f"worker failed ({done.returncode}): {' '.join(command)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(size)]
+    ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(size)]
+    if size > 1 and ranks[0]["transport"] != transport:
+        sys.exit(f"asked for {transport}, the worker ran on {ranks[0]['transport']}: {' '.join(command)}")
+    return ranks
 
 
 # -- Horovod's timeline ----------------------------------------------------------------------------
@@ -104,7 +111,7 @@ def collectives_per_step(path):
     for start, end in zip(markers[-6:-1], markers[-5:]):
         inside = [i for i in intervals if start <= i[2] < end]
         alltoall = collections.Counter(_short(n) for kind, n, *_ in inside if kind == "ALLTOALL")
-        allreduce = sorted((s, t) for kind, n, s, t, _ in inside if kind == "GLOO_ALLREDUCE")
+        allreduce = sorted((s, t) for kind, n, s, t, _ in inside if kind in ("GLOO_ALLREDUCE", "MPI_ALLREDUCE"))
         fused, last_end = 0, -1
         for s, t in allreduce:
             fused += s > last_end
@@ -144,13 +151,13 @@ def measure(model, label, replicate_below, args, work, single_runs):
     timed = []
     for r in range(args.repeats):
         timed.append(run_worker(os.path.join(work, f"{model}_{label}_2_{r}"), model, args.batch, args.warmup,
-                                args.steps, 2, replicate_below))
+                                args.steps, 2, replicate_below, transport=args.transport))
     timeline = os.path.join(work, f"{model}_{label}_timeline.json")
     instrumented = run_worker(os.path.join(work, f"{model}_{label}_inst"), model, args.batch, 8, 10, 2,
-                              replicate_below, instrument=True, timeline=timeline)
+                              replicate_below, instrument=True, timeline=timeline, transport=args.transport)
     # The float16 wire changes only the exchange: measured where every group is exchanged.
     half = run_worker(os.path.join(work, f"{model}_{label}_half"), model, args.batch, 8, 10, 2, replicate_below,
-                      instrument=True, wire_dtype="float16") if replicate_below == 0 else None
+                      instrument=True, wire_dtype="float16", transport=args.transport) if replicate_below == 0 else None
     return {"label": label, "replicate_below": replicate_below, "timed": timed, "instrumented": instrumented,
             "timeline": collectives_per_step(timeline), "single": single_runs, "half": half}
 
@@ -310,7 +317,7 @@ def report_wire_bytes(configs):
               f"and row gradient) {fmt(minimum)}: {actual / minimum:.3f}x")
 
 
-def report_wire_quality(work, models, batch, steps, heldout):
+def report_wire_quality(work, models, batch, steps, heldout, transport):
     """Held-out AUC after training on 2 ranks, every group sharded, float32 against float16."""
     print(f"\n  held-out AUC: {steps} steps of {batch} per rank on 2 ranks (every group sharded, Adam), then "
           f"{heldout} held-out examples of the same data")
@@ -318,16 +325,17 @@ def report_wire_quality(work, models, batch, steps, heldout):
     for model in models:
         for wire in ("float32", "float16"):
             ranks = run_worker(os.path.join(work, f"quality_{model}_{wire}"), model, batch, 1, steps - 1, 2, 0,
-                               wire_dtype=wire, heldout=heldout)
+                               wire_dtype=wire, heldout=heldout, transport=transport)
             r = ranks[0]
             per_rank = "+".join(f"{1e3 * x['cpu_s'] / x['steps']:.1f}" for x in ranks)
             print(f"  {model:<12}{wire:<10}{r['heldout_auc']:>8.4f}{r['heldout_log_loss']:>10.4f}{per_rank:>20}"
                   f"{r['wall_s']:>9.1f}")
 
 
-def report_memory(work, buckets, model="dlrm", batch=4096):
+def report_memory(work, buckets, transport, model="dlrm", batch=4096):
     """What a rank holds with every table sharded, against one process."""
-    runs = {size: run_worker(os.path.join(work, f"memory_{size}"), model, batch, 3, 5, size, 0, buckets=buckets)
+    runs = {size: run_worker(os.path.join(work, f"memory_{size}"), model, batch, 3, 5, size, 0, buckets=buckets,
+                             transport=transport)
             for size in (1, 2)}
     one = runs[1][0]
     print(f"\nmemory: {model} with {buckets} rows per table ({runs[1][0]['tables']} tables, table bytes "
@@ -359,6 +367,7 @@ def report_projection(model, configs, figures, loopback):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="wide_deep,dlrm")
+    parser.add_argument("--transport", choices=("mpi", "gloo"), default="mpi", help="of the 2-rank runs")
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=40)
@@ -376,7 +385,8 @@ def main():
     began = time.perf_counter()
     work = tempfile.mkdtemp(prefix="hybrid_parallel_")
     print(f"$ {' '.join(['.venv/bin/python', 'benchmarks/hybrid_parallel.py'] + sys.argv[1:])}")
-    print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
+    print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; 2 ranks over "
+          f"{args.transport}")
     loopbacks, wire_configs = [], {}
     for model in args.models.split(","):
         single = [run_worker(os.path.join(work, f"{model}_1_{r}"), model, args.batch, args.warmup, args.steps, 1)
@@ -393,7 +403,7 @@ def main():
         b = args.big_batch
         steps = 10
         one = run_worker(os.path.join(work, "big_1"), "wide_deep", b, 4, steps, 1)
-        two = run_worker(os.path.join(work, "big_2"), "wide_deep", b, 4, steps, 2, 0)
+        two = run_worker(os.path.join(work, "big_2"), "wide_deep", b, 4, steps, 2, 0, transport=args.transport)
         one_rate = b * steps / one[0]["cpu_s"]
         two_rate = 2 * b * steps / sum(x["cpu_s"] for x in two)
         per_rank = " + ".join(f"{1e3 * x['cpu_s'] / steps:.1f}" for x in two)
@@ -401,7 +411,7 @@ def main():
               f"({1e3 * one[0]['cpu_s'] / steps:.1f} ms/step); 2 ranks {fmt(two_rate)} "
               f"({per_rank} ms/step): {two_rate / one_rate:.2f}x")
     if args.memory_buckets:
-        report_memory(work, args.memory_buckets)
+        report_memory(work, args.memory_buckets, args.transport)
     print(f"\nloopback AllToAllv bandwidth (64 MiB, one rank to the other): "
           f"{statistics.mean(loopbacks) * 8 / 1e9:.1f} Gbit/s")
     print('\n6. the float16 wire (wire_dtype="float16"): bytes per rank and step, float32 -> float16 (rows and '
@@ -410,7 +420,8 @@ def main():
         print(f"  {model}:")
         report_wire_bytes(configs)
     if args.wire_models:
-        report_wire_quality(work, args.wire_models.split(","), args.wire_batch, args.wire_steps, args.heldout)
+        report_wire_quality(work, args.wire_models.split(","), args.wire_batch, args.wire_steps, args.heldout,
+                            args.transport)
     print(f"total {time.perf_counter() - began:.0f} s")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -1,6 +1,6 @@
-"""One rank of benchmarks/hybrid_parallel.py: trains a zoo model with picasso_tf on the
-synthetic criteo preset, as one process or under `horovodrun --gloo`, and writes what it
-measured to OUT_DIR/rank<R>.json.
+"""One rank of benchmarks/hybrid_parallel.py and benchmarks/horovod_baseline.py: trains a
+zoo model with picasso_tf on the synthetic criteo preset, as one process or under
+`picasso-run` (MPI or Gloo), and writes what it measured to OUT_DIR/rank<R>.json.
 
     hybrid_parallel_worker.py OUT_DIR --model wide_deep --batch 2048 --warmup 8 --steps 30
                               [--replicate-below BYTES]   # absent: picasso_tf's default
@@ -8,6 +8,12 @@ measured to OUT_DIR/rank<R>.json.
                               [--wire-dtype float16]      # config.wire_dtype
                               [--heldout 20000]           # AUC on these examples after training
                               [--no-check-ids]            # config.check_ids=False
+                              [--stock sparse|dense]      # the stock Keras model instead
+
+--stock trains the original Keras model as a Horovod user does today instead: rank 0's
+weights broadcast, then horovod.tensorflow.keras.DistributedOptimizer, with its default
+sparse handling (the tables' IndexedSlices gradients allgathered) or sparse_as_dense=True
+(Allreduced as dense tensors); as one process, plain Keras.
 
 Measured per rank over the timed steps (after warm-up): CPU seconds of the process
 (time.process_time: every thread of it, Horovod's background thread included) and wall
@@ -41,7 +47,9 @@ try:
 except ImportError:
     hvd = hvd_ops = None
 
-DISTRIBUTED = os.environ.get("HOROVOD_RANK") is not None
+from picasso_tf.distributed.world import horovod_transport, launched_world  # noqa: E402
+
+DISTRIBUTED = launched_world()[0] > 1
 if DISTRIBUTED:
     hvd.init()
 SIZE, RANK = (hvd.size(), hvd.rank()) if DISTRIBUTED else (1, 0)
@@ -163,7 +171,7 @@ def memory(model):
     optimizer's, the storages' shards and slots of them: a released original holds
     none), and the process's resident and peak resident memory."""
     variables = list(model.variables) + list(model.optimizer.variables)
-    for storage in model.picasso.storages.values():
+    for storage in (model.picasso.storages.values() if hasattr(model, "picasso") else ()):
         variables += storage.variables() + [b.variable for b in (storage.held_blocks() if storage.kind == "sharded" else ())]
     unique = {v.ref(): v for v in variables}.values()
     status = dict(line.split(":", 1) for line in open("/proc/self/status"))
@@ -172,7 +180,7 @@ def memory(model):
 
 
 def loopback_bandwidth(megabytes=64, repeats=3):
-    """Bytes per second one rank sends the other through Horovod's Gloo AllToAllv on
+    """Bytes per second one rank sends the other through Horovod's AllToAllv (MPI or Gloo) on
     loopback: half of a large float buffer goes to each rank, the best of a few."""
     n = megabytes * (1 << 20) // 4
     buffer = tf.ones([n], tf.float32)
@@ -203,6 +211,9 @@ def main():
     parser.add_argument("--heldout", type=int, default=0, help="examples held out for AUC (0: none)")
     parser.add_argument("--no-check-ids", dest="check_ids", action="store_false",
                         help="config.check_ids=False: a step exchanging no rows then sends no AllToAllv of ids")
+    parser.add_argument("--stock", choices=("sparse", "dense"),
+                        help="train the stock Keras model with Horovod's DistributedOptimizer (sparse_as_dense "
+                             "False or True) instead of picasso_tf's")
     args = parser.parse_args()
     if DISTRIBUTED and args.instrument:
         install_counters()
@@ -222,42 +233,54 @@ def main():
     info = zoo.info(args.model)
     tf.keras.utils.set_random_seed(0)
     original = info.builder(schema, **(dict(info.prepare(schema, data.features)) if info.prepare else {}))
-    options = {"wire_dtype": args.wire_dtype, "check_ids": args.check_ids}
-    if args.replicate_below is not None:
-        options["replicate_tables_below"] = args.replicate_below
     began = time.perf_counter()
-    model = picasso_tf.optimize(original, warmup_data=batches(), **options)
-    model.compile(tf.keras.optimizers.Adam(0.002), "binary_crossentropy")   # the zoo recipe's optimizer
+    optimizer = tf.keras.optimizers.Adam(0.002)         # the zoo recipe's optimizer
+    if args.stock:
+        model = original
+        if DISTRIBUTED:
+            import horovod.tensorflow.keras as hvd_keras
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            optimizer = hvd_keras.DistributedOptimizer(optimizer, sparse_as_dense=args.stock == "dense")
+    else:
+        options = {"wire_dtype": args.wire_dtype, "check_ids": args.check_ids}
+        if args.replicate_below is not None:
+            options["replicate_tables_below"] = args.replicate_below
+        model = picasso_tf.optimize(original, warmup_data=batches(), **options)
+    model.compile(optimizer, "binary_crossentropy")
     timer = StepTimer(args.warmup, args.steps)
     model.fit(batches(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False, callbacks=[timer])
     setup_and_train = time.perf_counter() - began
 
     start, end = timer.marks["start"], timer.marks["end"]
-    result = {"size": SIZE, "rank": RANK, "model": args.model, "batch": args.batch, "warmup": args.warmup,
+    result = {"size": SIZE, "rank": RANK, "transport": horovod_transport() if DISTRIBUTED else None,
+              "stock": args.stock, "model": args.model, "batch": args.batch, "warmup": args.warmup,
               "steps": args.steps, "replicate_below": args.replicate_below, "wire_dtype": args.wire_dtype,
               "seconds_total": setup_and_train,
               "cpu_s": end["cpu"] - start["cpu"], "wall_s": end["wall"] - start["wall"],
               "lo_bytes": end["lo"] - start["lo"]}
     for k in COUNTERS:
         result[k] = (np.asarray(end[k]) - np.asarray(start[k])).tolist()
-    report = model.picasso.reports["training"]["passes"]
-    dist = next((p for p in report if p["pass"] == "distribute"), {})
-    result["distribute"] = {k: dist.get(k) for k in ("changed", "sharded", "replicated", "exchanged_ops", "why")}
-    program = model.picasso.program
-    tables = list(program.tables or ()) if program is not None else []
-    result["groups"] = [{"name": t.name, "dim": t.dim, "tables": len(t.members), "rows": t.num_rows,
-                         "kind": getattr(t, "kind", None)} for t in tables]
-    trainable = model.original.trainable_variables
+    if not args.stock:
+        report = model.picasso.reports["training"]["passes"]
+        dist = next((p for p in report if p["pass"] == "distribute"), {})
+        result["distribute"] = {k: dist.get(k) for k in ("changed", "sharded", "replicated", "exchanged_ops", "why")}
+        program = model.picasso.program
+        tables = list(program.tables or ()) if program is not None else []
+        result["groups"] = [{"name": t.name, "dim": t.dim, "tables": len(t.members), "rows": t.num_rows,
+                             "kind": getattr(t, "kind", None)} for t in tables]
+    keras_model = original if args.stock else model.original
+    trainable = keras_model.trainable_variables
     table_vars = set()
-    ids_model, names, dims, vocabs = table_ids_model(model.original)
-    for layer in model.original.layers:
+    ids_model, names, dims, vocabs = table_ids_model(keras_model)
+    for layer in keras_model.layers:
         if layer.name in names:
             table_vars.add(layer.weights[0].ref())
     result["table_bytes"] = sum(int(np.prod(v.shape)) * 4 for v in trainable if v.ref() in table_vars)
     result["dense_bytes"] = sum(int(np.prod(v.shape)) * 4 for v in trainable if v.ref() not in table_vars)
-    result["tables"] = len(names)
-    timed = batches().skip(args.warmup).take(args.steps)
-    result["analytic"] = analytic_exchange(ids_model, dims, vocabs, timed, SIZE, RANK)
+    result["tables"], result["table_rows"], result["table_dims"] = len(names), vocabs, dims
+    if not args.stock:
+        timed = batches().skip(args.warmup).take(args.steps)
+        result["analytic"] = analytic_exchange(ids_model, dims, vocabs, timed, SIZE, RANK)
     result.update(memory(model))
     if heldout is not None:
         scores = model.predict(heldout.dataset(args.batch, shuffle=False).map(lambda x, _: x), verbose=0)
