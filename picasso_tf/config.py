@@ -168,8 +168,9 @@ class Config:
 
     Interleaving (docs/interleaving.md)
     -----------------------------------
-    interleaving: the interleaving pass (K-interleaving groups, micro-batch planning).
-      Off, micro_batches and interleave_groups do nothing.
+    interleaving: the interleaving pass: K-interleaving groups, and the checks and plan
+      of micro-batches. Off, interleave_groups does nothing and micro_batches="auto"
+      keeps the batch whole.
     micro_batches: D-interleaving: each training step runs the batch as this many
       micro-batches (sizes differing by at most one), sums their gradients and applies
       them once: the same step as the whole batch's, up to summation order. Refused for
