@@ -73,8 +73,9 @@ class Config:
     -------------------------------------------
     fused_optimizer: update packed tables with picasso_tf's fused row-sparse kernels (SGD,
       Adagrad, FTRL, Adam, AdamW, RMSprop, on the Keras optimizer's own slots) instead of
-      the Keras optimizer. An optimizer they cannot follow exactly (clipping, use_ema, a
-      legacy or subclassed optimizer) is refused with the reason.
+      the Keras optimizer. One they cannot follow (use_ema, a legacy optimizer, a
+      subclass overriding update_step) leaves the tables to the Keras optimizer, and the
+      report's optimizer line says why; gradient clipping is refused (ValueError).
     fused_dense_optimizer: update the other (dense) variables with one multi-tensor op
       per dtype that does what the Keras optimizer's apply_gradients does (SGD with
       momentum and Nesterov, Adagrad, FTRL, Adam, AdamW, RMSprop; weight decay,
