@@ -54,7 +54,14 @@ from picasso_tf.runtime.tape import forward_for_tapes, updating_in_gradient
 
 
 def optimize(target=None, *, example_inputs=None, warmup_data=None, **options):
-    """Rewrites a Keras model with PICASSO's passes. See Config for the options.
+    """Rewrites a Keras model with PICASSO's passes; returns a PicassoModel, a
+    keras.Model that trains like the plain one (docs/getting-started.md).
+
+    Three forms: `optimize(model, **options)`, `@optimize(**options)` on a function
+    that builds a model, and on a keras.Model subclass. The options are Config's fields
+    (docs/options.md); PICASSO_<OPTION> environment variables win over them. A
+    functional model is rewritten here, a subclassed one on its first batch. Refusals
+    raise picasso_tf.errors.UnsupportedModelError naming the cause (docs/errors.md).
 
     example_inputs: a batch of features, needed only for subclassed models whose input
       signature Keras does not know (otherwise the first batch the model sees is used).
@@ -89,8 +96,12 @@ HASHED_IN_PROCESS = (HybridHashTables.kind, DynamicVocabularyTables.kind)
 
 
 class PicassoInfo:
-    """model.picasso: the options, the compiled Program, the storage, the report, and
-    weight write-back."""
+    """model.picasso: the options (`config`), the compiled Program, the storage, what
+    was rewritten (`report()`, docs/how-it-works.md), the tables' write-back and
+    read-back for checkpoints (`write_back`, `read_back`, `release`, `export`,
+    docs/checkpoints-and-serving.md), the dynamic vocabularies' keys (`vocabulary`),
+    and the fused updates for custom loops (`apply_gradients`, `fused_gradients`,
+    docs/custom_loops.md)."""
 
     def __init__(self, config, original=None):
         self.config = config
@@ -219,7 +230,10 @@ class PicassoInfo:
 
 @tf.keras.utils.register_keras_serializable(package="picasso_tf")
 class PicassoModel(tf.keras.Model):
-    """A keras.Model running the rewritten graph of `original`.
+    """A keras.Model running the rewritten graph of `original`. It trains with fit
+    (its own fused step), under a tf.GradientTape, or with the original's own
+    train_step / compute_loss (docs/custom_loops.md); its checkpoints are the plain
+    model's.
 
     `.keras` files round-trip: model.save("m.keras") (ModelCheckpoint too) and
     tf.keras.models.load_model("m.keras") give a PicassoModel with the same weights and
@@ -341,6 +355,7 @@ class PicassoModel(tf.keras.Model):
                                  "model.picasso.fused_gradients block before it; give both the same one")
             gradients = dataclasses.replace(gradients, updated_in_gradient=in_gradient.variables,
                                             update_ops=in_gradient.ops)
+            self.picasso.updated_in_gradient = [v.name for v in in_gradient.variables]
         step.apply(optimizer, gradients)
         return optimizer.iterations
 

@@ -264,6 +264,10 @@ class Config:
     def __post_init__(self):
         if self.micro_batches != "auto" and not (isinstance(self.micro_batches, int) and self.micro_batches >= 1):
             raise ValueError(f"micro_batches must be an int >= 1 or 'auto', got {self.micro_batches!r}")
+        if self.micro_batches != 1 and not self.interleaving:
+            # The pass checks that no op couples the batch's samples (batch norm) before it is split.
+            raise ValueError(f"micro_batches={self.micro_batches!r} needs the interleaving pass, which checks the "
+                             "model before its batch is split; set interleaving=True (the default) or micro_batches=1")
         if self.interleave_from not in ("embedding", "mlp"):
             raise ValueError(f"interleave_from must be 'embedding' or 'mlp', got {self.interleave_from!r}")
         if self.micro_batch_memory_budget is not None and self.micro_batch_memory_budget <= 0:

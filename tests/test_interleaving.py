@@ -324,6 +324,9 @@ def test_auto_runs_micro_batches_one_at_a_time():
 def test_batch_normalisation_is_refused_with_the_reason():
     with pytest.raises(UnsupportedModelError, match="batch_normalization.*reduces over the batch"):
         picasso.optimize(build(batch_norm=True), micro_batches=2)
+    # The check is the interleaving pass's: micro-batches without it are refused, never unchecked.
+    with pytest.raises(ValueError, match="micro_batches=2 needs the interleaving pass"):
+        picasso.optimize(build(batch_norm=True), micro_batches=2, interleaving=False)
 
 
 def test_a_loss_that_is_not_a_batch_mean_is_refused():
