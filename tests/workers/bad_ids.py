@@ -1,7 +1,7 @@
 """A batch with an id outside its table on one rank only, under `horovodrun -np 2 --gloo`,
 for tests/test_horovod_bad_ids.py.
 
-    bad_ids.py OUT_DIR --model hashed|vocabulary|replicated|mixed|mixed_micro_batches
+    bad_ids.py OUT_DIR [--models hashed,vocabulary,replicated,mixed,mixed_micro_batches]
 
 "hashed": hybrid_training's model with hash-backed tables (hybrid_hash=True, a small
 hot tier), the bad id a user's (5000; the table has 1000 rows). "vocabulary":
@@ -14,8 +14,9 @@ one (flag, history) replicated, the bad id a history's (5000; 500 rows).
 "mixed_micro_batches": "mixed" at micro_batches=2, the bad id in rank 1's second
 micro-batch. Each trains with Adagrad, one global batch per step: 3 steps, then a step
 whose bad id is in rank 1's share only, whose error every rank catches, then 3 more
-steps; and a second model the same 6 good steps with no bad one. Every rank writes
-OUT_DIR/rankR.json: the error it caught, whether everything it holds of the model
+steps; and a second model the same 6 good steps with no bad one. The models run one
+after the other in one launch (the ranks' start-up is most of a run). Every rank writes
+OUT_DIR/MODEL/rankR.json: the error it caught, whether everything it holds of the model
 (weights, shards, hash tables with their counts, hot tiers, vocabularies, optimizer
 variables) stayed as it was over the refused step, and is equal to the undisturbed
 model's at the end, the losses of both models' good steps (mean over the ranks), and
@@ -76,17 +77,23 @@ def step(model, batch):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--model", choices=sorted(MODELS), required=True)
+    parser.add_argument("--models", default=",".join(sorted(MODELS)), help="comma-separated, of " + ", ".join(MODELS))
     args = parser.parse_args()
+    for name in args.models.split(","):
+        run(name, os.path.join(args.out, name))
+
+
+def run(name, out):
+    """One model's refused step and the steps around it; writes out/rankR.json."""
     size, rank = world()
-    source, feature, bad_id = MODELS[args.model]
+    source, feature, bad_id = MODELS[name]
     features, labels = source.data(6)
     batches = list(rank_share(features, labels, 6, size, rank).as_numpy_iterator())
-    model = make(args.model)
+    model = make(name)
     losses = [step(model, b) for b in batches[:3]]
     x, y = batches[3]
     if rank == 1:       # row 1; with micro-batches the last row, in the last micro-batch
-        row = len(y) - 1 if "micro" in args.model else 1
+        row = len(y) - 1 if "micro" in name else 1
         x = dict(x, **{feature: np.where(np.arange(len(y))[:, None] == row, bad_id, x[feature])})
     before = state(model)
     error = None
@@ -96,10 +103,10 @@ def main():
         error = e.message
     unchanged = equal(before, state(model))
     losses += [step(model, b) for b in batches[3:]]
-    undisturbed = make(args.model)
+    undisturbed = make(name)
     expected = [step(undisturbed, b) for b in batches]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"size": size, "error": error, "unchanged": unchanged, "losses": losses, "expected": expected,
                    "same_state": equal(state(model), state(undisturbed)),
                    "collectives": collectives(model, tf.data.Dataset.from_tensors(batches[0])),
