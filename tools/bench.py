@@ -41,10 +41,13 @@ MODES = ("tiny", "quick", "full")
 DEFAULT_RESULTS_DIR = os.path.join("benchmarks", "results")
 DEFAULT_DOCS_DIR = "docs"
 
+# The guide --help points to.
+GUIDE = "docs/benchmarks-howto.md"
+
 
 def build_parser():
     from picasso_tf.tools.benchmarking.sections import SECTIONS
-    p = argparse.ArgumentParser(prog="picasso-bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="picasso-bench", description=__doc__.split("\n\n")[0] + f" Guide: {GUIDE}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",

@@ -23,6 +23,9 @@ PRESET_OPTIONS = {
 }
 FORMATS = ("parquet", "tfrecord", "csv")
 
+# The guide --help points to.
+GUIDE = "docs/getting-started.md"
+
 
 def writer_and_reader(preset, file_format):
     """(writer, reader, the reader's extra arguments as text) for a preset and format."""
@@ -37,7 +40,8 @@ def writer_and_reader(preset, file_format):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="picasso-gen-data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="picasso-gen-data",
+                                     description=__doc__.split("\n\n")[0] + f" Guide: {GUIDE}.")
     parser.add_argument("--preset", required=True, choices=sorted(PRESET_OPTIONS))
     parser.add_argument("--rows", required=True, type=int, help="number of examples")
     parser.add_argument("--out", required=True, help="output directory (created if needed)")

@@ -18,7 +18,7 @@ PATH, so that mpirun and console scripts such as picasso-train are found, and:
   Gloo nothing extra.
 
 With neither --mpi nor --gloo, horovodrun chooses: MPI when Horovod was built with it
-and mpirun is found, else Gloo. The exit code is horovodrun's.
+and mpirun is found, else Gloo. The exit code is horovodrun's. Guide: docs/multi-rank.md.
 """
 import argparse
 import os

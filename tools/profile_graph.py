@@ -16,9 +16,13 @@ from picasso_tf.profiling.profile import format_table
 
 PRESETS = ("criteo", "alibaba", "wide")
 
+# The guide --help points to.
+GUIDE = "docs/profiling.md"
+
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="picasso-profile-graph", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="picasso-profile-graph",
+                                description=__doc__.split("\n\n")[0] + f" Guide: {GUIDE}.")
     p.add_argument("--model", default="wide_deep", help=f"zoo model: {', '.join(models.list())}")
     p.add_argument("--data", default="criteo", choices=PRESETS, help="synthetic preset for the schema and batch")
     p.add_argument("--scale", type=float, default=0.001, help="vocabulary scale of the preset (criteo)")

@@ -126,8 +126,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# The guide --help points to.
+GUIDE = "docs/getting-started.md"
+
+
 def build_parser():
-    p = _Parser(prog="picasso-train", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="picasso-train", description=__doc__.split("\n\n")[0] + f" Guide: {GUIDE}.",
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     g = p.add_argument_group("model and data")

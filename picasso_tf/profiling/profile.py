@@ -16,8 +16,14 @@ from picasso_tf.profiling.op_counts import RESOURCE_CLASSES, count_ops, summariz
 
 
 def profile(model, batch, out_dir=None, trace_steps=3):
-    """Profiles a PicassoModel on one (features, labels) batch; returns a dict report
-    (and writes the artefacts listed in the module docstring when out_dir is given)."""
+    """Profiles a PicassoModel on one (features, labels) batch (docs/profiling.md).
+
+    Returns a dict: "ops" (op counts of the forward pass and of the training step, the
+    plain model's and the rewritten one's, by kind), "step_op_ratio" (rewritten step's
+    ops over the plain one's), "embedding_sites", "left_alone" (what the analysis did
+    not rewrite, with the reason), "packed_groups", and with out_dir and trace_steps a
+    "trace" of that many steps for TensorBoard; format_table(report) prints the counts.
+    With out_dir it writes the artefacts listed in the module docstring."""
     x, y = batch[0], batch[1]
     forward = model.rewritten_forward(training=True, example_inputs=x)
     specs = input_signature(model.original, x)
