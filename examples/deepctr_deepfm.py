@@ -7,7 +7,6 @@ recognises them from the graph alone, so the model is used exactly as DeepCTR bu
     python examples/deepctr_deepfm.py
 """
 import numpy as np
-import tensorflow as tf
 from deepctr.feature_column import DenseFeat, SparseFeat
 from deepctr.models import DeepFM
 
