@@ -77,8 +77,9 @@ def refuse_ranks(world):
             f"picasso_tf: a tf.GradientTape (hvd.DistributedGradientTape included) over a picasso_tf model under "
             f"Horovod ({world.size} ranks): the tables' gradients must be exchanged by picasso_tf's hybrid plan "
             "(sharded tables' rows to their owners), which only its own training step does. Train with "
-            "model.fit() or model.train_on_batch() and a plain Keras optimizer (picasso_tf averages the dense "
-            "gradients over the ranks itself), or run the custom loop on one process")
+            "model.fit() or model.train_on_batch() through Keras' standard train_step (not a custom loop, nor a "
+            "train_step of the model's own) and a plain Keras optimizer or hvd.DistributedOptimizer (picasso_tf "
+            "averages the dense gradients over the ranks itself), or run the custom loop on one process")
 
 
 def refuse_storage_a_tape_cannot_see(forward):
