@@ -7,6 +7,7 @@ that is tools/gen_options_doc.py in the checkout).
 """
 import dataclasses
 import os
+import typing
 from typing import Optional, Tuple, Union
 
 
@@ -379,15 +380,32 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def _parse_env(name, text, type_name):
-    if type_name in (bool, "bool"):
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"PICASSO_{name.upper()}={text!r}: expected 1/0, true/false")
-    if type_name in (str, "str"):
+def _parse_env(name, text, annotation):
+    """The value of PICASSO_<NAME>=text for a field annotated `annotation`: 1/0 or
+    true/false for a switch, a number, a word; "none" (or nothing) for None, and
+    comma-separated names for a list."""
+    args = typing.get_args(annotation) or (annotation,)
+    if type(None) in args and text.strip().lower() in ("", "none"):
+        return None
+    if bool in args and text.strip().lower() in _SWITCH_WORDS:
+        return _SWITCH_WORDS[text.strip().lower()]
+    for kind in (int, float):
+        if kind in args:
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    if any(typing.get_origin(a) is tuple for a in args) and text.strip().lower() not in _one_word_values(args):
+        return tuple(n.strip() for n in text.split(",") if n.strip() and n.strip().lower() != "none")
+    if str in args:
         return text
-    if type_name in (Optional[str], "Optional[str]"):
-        return None if text.lower() in ("", "none") else text
-    return float(text) if type_name in (float, "float") else int(text)
+    expected = " or ".join(getattr(a, "__name__", str(a)) for a in args)
+    raise ValueError(f"PICASSO_{name.upper()}={text!r}: expected {expected}")
+
+
+_SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _one_word_values(args):
+    """The one-word values (such as "auto") an option also taking a list accepts."""
+    return ("auto",) if str in args else ()

@@ -210,3 +210,19 @@ def test_model_without_call_is_refused_with_a_named_error():
     for example_inputs in (features, None):     # refused at optimize, signature or not
         with pytest.raises(UnsupportedModelError, match=r"Retrieval has no call\(\).*forward pass"):
             picasso.optimize(Retrieval(), example_inputs=example_inputs)
+
+
+@pytest.mark.parametrize("name, text, value", [
+    ("micro_batches", "auto", "auto"), ("micro_batches", "4", 4), ("dynamic_vocabulary", "city,user", ("city", "user")),
+    ("dynamic_vocabulary", "true", True), ("interleave_excluded", "none", ()), ("interleave_excluded", "auto", "auto"),
+    ("vocabulary_capacity", "none", None), ("vocabulary_capacity", "100", 100), ("hot_tier_device", "none", None),
+    ("projection_max_distinct", "0.5", 0.5), ("packing", "off", False)])
+def test_every_option_takes_its_environment_override(monkeypatch, name, text, value):
+    monkeypatch.setenv(f"PICASSO_{name.upper()}", text)
+    assert getattr(Config.from_options(), name) == value
+
+
+def test_an_environment_override_of_the_wrong_kind_names_the_variable(monkeypatch):
+    monkeypatch.setenv("PICASSO_MAX_SHARDS", "many")
+    with pytest.raises(ValueError, match=r"PICASSO_MAX_SHARDS='many': expected int"):
+        Config.from_options()

@@ -79,8 +79,8 @@ def render():
     intro, sections = parse(Config.__doc__)
     fields = {f.name: f for f in dataclasses.fields(Config)}
     out = [HEADER, "", "# Options", "", intro, "",
-           "Environment values: `1`/`0` (or `true`/`false`) for switches, numbers, and words for the options "
-           "that take one word. An option that takes `None`, `\"auto\"` or a list is set in the call.", ""]
+           "Environment values: `1`/`0` (or `true`/`false`) for switches, numbers, words (`auto`), `none` for "
+           "None, and comma-separated feature names for a list (`PICASSO_DYNAMIC_VOCABULARY=city,user`).", ""]
     out += [f"- [{title_and_guide(s)[0]}](#{anchor(title_and_guide(s)[0])})" for s in sections] + [""]
     for section in sections:
         title, guide = title_and_guide(section)
