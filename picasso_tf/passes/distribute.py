@@ -5,8 +5,8 @@ step fetches from their owners.
 A group is sharded when only fused lookups read its tables (nothing reads a table
 whole), it trains, and it is not small (config.replicate_tables_below). For such a
 group the pass
-  - sets its storage kind to "sharded" (picasso_tf.embedding.sharded: rank r holds the
-    rows id % size == r of every member table);
+  - sets its storage kind to "sharded" (picasso_tf.embedding.sharded: rank r holds a
+    contiguous block of ceil(rows / size) rows of every member table);
   - has the fused lookups read the rows each step fetches (picasso_tf.passes.fetched_rows),
     which the exchange (picasso_tf.distributed.exchange) brings from their owners.
 Every other table stays whole on every rank (replicated): its gradient joins the dense
