@@ -398,8 +398,9 @@ class PicassoModel(tf.keras.Model):
         shards = [v for s in storages if s.kind == RowShardedTables.kind and s.layout.trainable for v in s.variables()]
         read = [v for v in self._forward[True].variables if v.ref() in training]
         # A loss of the model's own (compute_loss) may train variables the forward pass does not read.
+        read_refs = {v.ref() for v in read}
         unread = [stored_variable(v) for v in self.original.trainable_variables
-                  if stored_variable(v).ref() not in {r.ref() for r in read}]
+                  if stored_variable(v).ref() not in read_refs]
         trainable = read + shards + unread
         fetch = self._forward[True].fetch
         fetched_rows = fetch.log.take if fetch is not None else (lambda: [])
@@ -432,15 +433,14 @@ class PicassoModel(tf.keras.Model):
                 "without jit_compile (the default on CPU), or train without picasso_tf.optimize")
         self._ensure_rewritten(inputs)
         training = bool(training)
-        forward = self._forward[training]
         if tf.executing_eagerly():
             if training not in self._eager_calls:
                 self._eager_calls[training] = tf.function(
-                    lambda x: forward_for_tapes(forward, x, self.picasso.world, record_on_tapes=False),
+                    lambda x: forward_for_tapes(self._forward[training], x, self.picasso.world, record_on_tapes=False),
                     reduce_retracing=True)
             outputs, self._last_regularization = self._eager_calls[training](inputs)
             return outputs
-        outputs, self._last_regularization = forward_for_tapes(forward, inputs, self.picasso.world)
+        outputs, self._last_regularization = forward_for_tapes(self._forward[training], inputs, self.picasso.world)
         return outputs
 
     @property
