@@ -38,7 +38,7 @@ class FusedTableUpdate:
         ops = []
         for (grad, var), update in zip(grads_and_vars, self.updates([v for _, v in grads_and_vars], iteration)):
             storage, member = self.tables[var.ref()]
-            if not isinstance(grad, tf.IndexedSlices):   # a densely read table: every row
+            if not isinstance(grad, tf.IndexedSlices):   # a replicated table after the Allreduce: every row
                 grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad, out_type=tf.int64)[0]))
             ops.append(storage.apply(self.optimizer, member, grad.indices, grad.values, update))
         return tf.group(ops)

@@ -159,7 +159,8 @@ class TrainingStep:
     trainable: the variables the forward pass reads that train; table_variables: every
     embedding table (original or storage) whose gradient must stay row-sparse, except
     those in densely_read (the model reads them whole, so their gradient is dense in the
-    original model too); fused: the FusedTableUpdate of the storages, or None;
+    original model too, and goes to the dense update: one pass over the table, where the
+    row-sparse kernels would walk every row by index); fused: the FusedTableUpdate of the storages, or None;
     fetched_rows: FetchedRowsLog.take of the forward pass's fetch (picasso_tf.embedding.
     hybrid_hash): the hash storages' rows fetched by the forward pass being traced,
     whose gradients update them; dense_update: the update of the other variables, which
@@ -170,7 +171,8 @@ class TrainingStep:
     def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=(),
                  fetched_rows=lambda: [], dense_update=KerasDenseUpdate(), loss_scale=None):
         self.trainable = list(trainable)
-        self.tables = {v.ref() for v in table_variables} - {v.ref() for v in densely_read}
+        self.densely_read = {v.ref() for v in densely_read}
+        self.tables = {v.ref() for v in table_variables} - self.densely_read
         self.fused = fused
         self.world = world
         self.sharded = {v.ref() for v in sharded}   # shard variables: their gradients reach their owner
@@ -231,9 +233,14 @@ class TrainingStep:
     def split(self, grads_and_vars):
         """Gradients from a custom loop's (gradient, variable) pairs: the fused update's
         tables apart from the rest."""
-        fused = self.fused.handles if self.fused is not None else (lambda var: False)
-        return Gradients(tables=[(g, v) for g, v in grads_and_vars if fused(v)],
-                         dense=[(g, v) for g, v in grads_and_vars if not fused(v)])
+        return Gradients(tables=[(g, v) for g, v in grads_and_vars if self._row_sparse(g, v)],
+                         dense=[(g, v) for g, v in grads_and_vars if not self._row_sparse(g, v)])
+
+    def _row_sparse(self, grad, var):
+        """Whether the fused row-sparse updates apply this gradient (else the dense update)."""
+        if self.fused is None or not self.fused.handles(var):
+            return False
+        return isinstance(grad, tf.IndexedSlices) or var.ref() not in self.densely_read
 
     def accumulate(self, micro_batches):
         """One step's Gradients from the micro-batches': summed per variable, a table's
@@ -265,9 +272,8 @@ class TrainingStep:
             averaged = hvd().grouped_allreduce([tf.convert_to_tensor(g) for g, _ in summed], op=hvd().Average,
                                                name="picasso_dense_gradients")
             summed = [(g, v) for g, (_, v) in zip(averaged, summed)]
-        fused = self.fused.handles if self.fused is not None else (lambda var: False)
-        return dataclasses.replace(gradients, tables=tables + [(g, v) for g, v in summed if fused(v)],
-                                   dense=[(g, v) for g, v in summed if not fused(v)], fetched=fetched)
+        return dataclasses.replace(gradients, tables=tables + [(g, v) for g, v in summed if self._row_sparse(g, v)],
+                                   dense=[(g, v) for g, v in summed if not self._row_sparse(g, v)], fetched=fetched)
 
     def apply(self, optimizer, gradients):
         if self.fused is None:
