@@ -8,11 +8,17 @@ embedding lookup removed: each call of a layer whose weights are all embedding t
 features, interaction modules, MLPs) is the same layers called the same way. Runs of
 slices that the model concatenates (Concatenate, tf.concat) or stacks (tf.stack) are
 fed as one slice, so a model that concatenates its embeddings reads the input as it
-is. The result times the dense part alone: the throughput a perfect embedding layer
-would leave. It cannot be built (NotGeneric, with the reason) when a table sits in a
-layer that also holds dense weights or lives inside a nested model, or when a
-lookup's output shape is not static.
+is. A layer that holds tables beside dense weights, or a nested model holding tables,
+stays in the bound with its dense computation, called with each gather from its tables
+(tf.gather, tf.nn.embedding_lookup, Keras Embedding) replaced by a slice
+(LookupSlices). The result times the dense part alone: the throughput a perfect
+embedding layer would leave. It cannot be built (NotGeneric, with the reason) when a
+table is held outside the model's layers, when a table in such a mixed layer is read
+other than by a gather, or when a lookup's output is not one static block per example.
 """
+import contextlib
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -127,22 +133,87 @@ def _is_keras_tensor(x):
     return hasattr(x, "_keras_history")
 
 
+def analysed_tables(program):
+    """The original model's table variables that picasso_tf's analysis of its training
+    forward found, from its Program (a model's packed storages may hold these same
+    variables or copies of them)."""
+    return list(program.analyses["training"].tables.values())
+
+
 def table_layers(model, tables):
-    """{id(layer): layer} of the model's top-level layers whose weights are all in
-    `tables` (variables); raises NotGeneric for a table held any other way."""
+    """({id(layer): layer} of the model's top-level layers whose weights are all in
+    `tables` (variables), {id(layer): (layer, its tables)} of those that hold tables beside
+    other weights, nested models included); raises NotGeneric for a table held elsewhere."""
     table_refs = {t.ref() for t in tables}
-    found, held = {}, set()
+    pure, mixed, held = {}, {}, set()
     for layer in model.layers:
-        weights = layer.weights
-        refs = {w.ref() for w in weights}
-        if weights and refs <= table_refs and not isinstance(layer, tf.keras.Model):
-            found[id(layer)] = layer
-            held |= refs
+        refs = {w.ref() for w in layer.weights}
+        if not refs & table_refs:
+            continue
+        if refs <= table_refs and not isinstance(layer, tf.keras.Model):
+            pure[id(layer)] = layer
+        else:
+            mixed[id(layer)] = (layer, [t for t in tables if t.ref() in refs])
+        held |= refs
     stray = [t.name for t in tables if t.ref() not in held]
     if stray:
-        raise NotGeneric(f"embedding table(s) {stray[:3]} sit in a layer that also holds dense weights "
-                         "or in a nested model")
-    return found
+        raise NotGeneric(f"embedding table(s) {stray[:3]} are held outside the model's layers")
+    return pure, mixed
+
+
+class TableReads:
+    """The gathers from some tables: while `replaced(read)` is active, each one traced in
+    a graph returns read(table, ids, original) instead. tf.gather, tf.nn.embedding_lookup
+    and Keras' Embedding all gather from a resource variable through its sparse_read.
+    (A plain object, so that a layer holding it does not track the tables as weights.)"""
+
+    def __init__(self, tables):
+        self.tables = list(tables)
+
+    @contextlib.contextmanager
+    def replaced(self, read):
+        def sparse_read(table, original, ids, name=None):
+            try:
+                return read(table, ids, original)
+            except AttributeError as e:     # tf.gather would take it for "not a variable" and gather
+                raise RuntimeError(f"reading a gather from {table.name}: {e}") from e
+
+        for t in self.tables:
+            t.sparse_read = functools.partial(sparse_read, t, type(t).sparse_read.__get__(t))
+        try:
+            yield
+        finally:
+            for t in self.tables:
+                del t.sparse_read
+
+
+@tf.keras.utils.register_keras_serializable("picasso_bench")
+class LookupSlices(tf.keras.layers.Layer):
+    """Calls `layer` (one holding tables beside dense weights, or a nested model) with its
+    gathers from `tables` answered, in call order, by slices of the embeddings input:
+    `slices` is [(start, per-example shape)] per gather. Its trainable weights are the
+    layer's without the tables, which the bound does not train."""
+
+    def __init__(self, layer, tables, slices, **kwargs):
+        super().__init__(**kwargs)
+        self.layer = layer
+        self._reads = TableReads(tables)
+        self._slices = [(int(start), tuple(shape)) for start, shape in slices]
+
+    @property
+    def trainable_weights(self):
+        tables = {t.ref() for t in self._reads.tables}
+        return [w for w in self.layer.trainable_weights if w.ref() not in tables]
+
+    def call(self, embeddings, *args, **kwargs):
+        pending = iter(self._slices)
+
+        def read(table, ids, original):
+            start, shape = next(pending)
+            return tf.reshape(embeddings[:, start:start + int(np.prod(shape))], (-1,) + shape)
+
+        with self._reads.replaced(read):
+            return self.layer(*args, **kwargs)
 
 
 def dense_only(model, tables):
@@ -153,16 +224,47 @@ def dense_only(model, tables):
     """
     if not getattr(model, "_is_graph_network", False):
         raise NotGeneric("not a functional model: its layer graph cannot be rebuilt")
-    sites = table_layers(model, tables)
-    if not sites:
+    sites, mixed = table_layers(model, tables)
+    if not sites and not mixed:
         raise NotGeneric("no embedding layer found")
-    width = _lookup_width(model, sites)
-    return _rebuild_with_width(model, sites, width), width
+    width, gathers = _lookup_width(model, sites, mixed)
+    return _rebuild_with_width(model, sites, mixed, gathers, width), width
 
 
-def _lookup_width(model, sites):
-    """Sum of the flattened per-example sizes of the lookup outputs the outputs need."""
-    seen, width = set(), 0
+# A batch size no model fixes, to tell a gather's per-example rows from other leading dims.
+_PROBE_BATCH = 7
+
+
+def _gather_shapes(layer, tables, node):
+    """Per-example shapes of the gathers from `tables`, in order, that this call of `layer`
+    makes (traced on its inputs' specs with the batch size fixed)."""
+    shapes = []
+
+    def record(table, ids, original):
+        out = original(ids)
+        if out.shape.rank is None or out.shape[0] != _PROBE_BATCH or not out.shape[1:].is_fully_defined():
+            raise NotGeneric(f"a lookup of {table.name} in {layer.name} is not one static block per example "
+                             f"(shape {out.shape} at batch {_PROBE_BATCH})")
+        shapes.append((table.name, tuple(out.shape[1:].as_list())))
+        return out
+
+    def spec(a):
+        if not _is_keras_tensor(a):
+            return a
+        if not isinstance(a.type_spec, tf.TensorSpec):
+            raise NotGeneric(f"{layer.name} takes a {type(a.type_spec).__name__} input")
+        return tf.TensorSpec([_PROBE_BATCH] + a.shape[1:].as_list(), a.dtype)
+
+    args, kwargs = tf.nest.map_structure(spec, (node.call_args, node.call_kwargs))
+    with TableReads(tables).replaced(record):
+        tf.function(lambda *a, **k: layer(*a, **k), autograph=False).get_concrete_function(*args, **kwargs)
+    return shapes
+
+
+def _lookup_width(model, sites, mixed):
+    """(Sum of the flattened per-example sizes of the lookup outputs the outputs need,
+    {id(node): [(table name, shape)] of the gathers of each needed call of a mixed layer})."""
+    seen, width, gathers = set(), 0, {}
     stack = list(tf.nest.flatten(model.outputs))
     while stack:
         t = stack.pop()
@@ -180,11 +282,19 @@ def _lookup_width(model, sites):
             if any(getattr(o, "_keras_mask", None) is not None for o in tf.nest.flatten(node.outputs)):
                 stack.extend(node.keras_inputs)        # the ids feed the mask
             continue
+        if id(layer) in mixed:
+            gathers[id(node)] = _gather_shapes(layer, mixed[id(layer)][1], node)
+            width += sum(int(np.prod(shape)) for _, shape in gathers[id(node)])
         stack.extend(node.keras_inputs)
-    return width
+    for layer, layer_tables in mixed.values():
+        gathered = {name for node in layer._inbound_nodes for name, _ in gathers.get(id(node), ())}
+        unread = [t.name for t in layer_tables if t.name not in gathered]
+        if gathered and unread:
+            raise NotGeneric(f"{layer.name} reads table(s) {unread[:3]} other than by a gather")
+    return width, gathers
 
 
-def _rebuild_with_width(model, sites, width):
+def _rebuild_with_width(model, sites, mixed, gathers, width):
     """The same construction as dense_only with the embeddings input at its real width
     (the width is only known after a first pass over the graph)."""
     emb_input = tf.keras.Input((width,), name=EMBEDDINGS)
@@ -211,16 +321,27 @@ def _rebuild_with_width(model, sites, width):
                 ids = node.keras_inputs[0] if getattr(out, "_keras_mask", None) is not None else None
                 memo[id(out)] = _Slice(state["next"], out.shape[1:].as_list(), node, ids)
                 state["next"] += memo[id(out)].width
+        elif id(layer) in mixed:
+            slices = []
+            for _, shape in gathers[id(node)]:
+                slices.append((state["next"], shape))
+                state["next"] += int(np.prod(shape))
+            wrapper = LookupSlices(layer, mixed[id(layer)][1], slices, name=f"{layer.name}_lookup_slices_{node_index}")
+            call_again(node, lambda *args, **kwargs: wrapper(emb_input, *args, **kwargs))
         else:
             collapsed = _collapse(layer, node, value)
             if collapsed is not None:
                 memo[id(flat_outputs[0])] = collapsed
             else:
-                args, kwargs = tf.nest.map_structure(
-                    lambda a: materialize(value(a)) if _is_keras_tensor(a) else a, (node.call_args, node.call_kwargs))
-                for out, new in zip(flat_outputs, tf.nest.flatten(layer(*args, **kwargs))):
-                    memo[id(out)] = new
+                call_again(node, layer)
         return memo[key]
+
+    def call_again(node, fn):
+        """fn called as the node's layer was, on the rebuilt values of its inputs."""
+        args, kwargs = tf.nest.map_structure(
+            lambda a: materialize(value(a)) if _is_keras_tensor(a) else a, (node.call_args, node.call_kwargs))
+        for out, new in zip(tf.nest.flatten(node.outputs), tf.nest.flatten(fn(*args, **kwargs))):
+            memo[id(out)] = new
 
     def materialize(v):
         if isinstance(v, _Merged):

@@ -311,7 +311,8 @@ def _zoo(section, has_chart):
     notes = _not_generic(section)
     if notes:
         lines += ["¹ The dense-only bound is built generically (each call of a layer holding only embedding "
-                  "tables becomes a slice of one dense input); it is not available for:", ""] + notes + [""]
+                  "tables, and each lookup inside a layer that also holds dense weights, becomes a slice of one "
+                  "dense input); it is not available for:", ""] + notes + [""]
     na = sorted({row["model"] for row in section.get("rows", []) if row.get("error", "").startswith("n/a")})
     if na:
         lines += [f"³ Not applicable: {', '.join(na)} need a behaviour sequence, which the criteo-like data "

@@ -237,8 +237,7 @@ def build_trio(build, data, batch_size, optimizer, sizes, with_bound=True, optio
         if with_bound:
             try:
                 third = build()
-                tables = bm.corresponding_variables(copy, pic.picasso.table_variables[:info["embedding_tables"]],
-                                                    third)
+                tables = bm.corresponding_variables(copy, bm.analysed_tables(pic.picasso.program), third)
                 bound, width = bm.dense_only(third, tables)
                 info["bound_input_width"] = width
                 variants.append(Variant("bound", _compile(bound, optimizer),
