@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import picasso_tf as picasso
+from launching import Job, ran
 from picasso_tf.errors import UnsupportedModelError
 
 FIELDS, VOCAB, BATCH, STEPS = 4, 30, 16, 20
@@ -320,19 +321,20 @@ def test_a_tensorflow_recommenders_retrieval_model_trains_with_its_towers_optimi
 
 
 # -- Horovod's idioms ---------------------------------------------------------------------
-def test_horovod_s_distributed_tape_is_refused_and_its_optimizer_trains_like_one_process(tmp_path):
+HOROVOD_JOBS = tuple(Job(launch, f"custom_loops/np{np_}", "custom_loops", ()) for np_, launch in ((1, "one"),
+                                                                                                    (2, "gloo")))
+
+
+def test_horovod_s_distributed_tape_is_refused_and_its_optimizer_trains_like_one_process(horovod_jobs):
     """On 2 Gloo ranks: hvd.DistributedGradientTape over the model is refused by name
     (the hybrid plan's exchange runs only in picasso_tf's step); fit's step with
     hvd.DistributedOptimizer trains like one process with the whole batch, the wrapper
     adding no Allreduce of its own (the fused dense update does not stand down)."""
-    pytest.importorskip("horovod.tensorflow", reason="horovod is built by scripts/setup_env.sh")
-    from test_horovod import check_ran, horovodrun_worker
-    for np_ in (1, 2):
-        check_ran(horovodrun_worker([tmp_path / f"np{np_}"], np_, worker="custom_loops.py"))
-    two = json.load(open(tmp_path / "np2" / "result.json"))
-    assert "hvd.DistributedGradientTape included" in two["tape"] and "Train with model.fit()" in two["tape"]
-    assert "dense variables: fused Adagrad" in two["optimizer_note"], two["optimizer_note"]
-    one, two = np.load(tmp_path / "np1" / "weights.npz"), np.load(tmp_path / "np2" / "weights.npz")
+    one, two = (ran(horovod_jobs, job) for job in HOROVOD_JOBS)
+    result = json.load(open(two / "result.json"))
+    assert "hvd.DistributedGradientTape included" in result["tape"] and "Train with model.fit()" in result["tape"]
+    assert "dense variables: fused Adagrad" in result["optimizer_note"], result["optimizer_note"]
+    one, two = np.load(one / "weights.npz"), np.load(two / "weights.npz")
     for key in one:
         np.testing.assert_allclose(two[key], one[key], rtol=1e-6, atol=1e-7, err_msg=key)
 

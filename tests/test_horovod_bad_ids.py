@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from test_horovod import check_ran, horovodrun_worker
+from launching import Job, ran
 
 EXPECTED = {"hashed": "ids of feature] [user] [must lie in [0,] [1000] [): got] [5000] [in the batch of rank] [1]",
             "vocabulary": "ids of feature] [city] [must lie in [0,] [50] [): got] [500] [in the batch of rank] [1]",
@@ -25,12 +25,13 @@ GROUPS = {"hashed": (["packed_float32_d4", "packed_float32_d8"], []),
           "mixed_micro_batches": (["packed_float32_d8"], ["packed_float32_d4"])}
 
 
+HOROVOD_JOBS = (Job("gloo", "bad_ids", "bad_ids", ["--models", ",".join(sorted(EXPECTED))]),)
+
+
 @pytest.fixture(scope="module")
-def refused(tmp_path_factory):
-    """Every model's run, in one launch of 2 ranks."""
-    out = tmp_path_factory.mktemp("bad_ids")
-    check_ran(horovodrun_worker([out, "--models", ",".join(sorted(EXPECTED))], 2, timeout=600, worker="bad_ids.py"))
-    return out
+def refused(horovod_jobs):
+    """Every model's run, on 2 ranks."""
+    return ran(horovod_jobs, HOROVOD_JOBS[0])
 
 
 @pytest.mark.parametrize("model", sorted(EXPECTED))

@@ -7,23 +7,23 @@ import json
 import numpy as np
 import pytest
 
-from test_horovod import _arrays, check_ran, horovodrun_worker
+from launching import Job, ran
+from test_horovod import _arrays
 
-
-def launch(args, np_):
-    check_ran(horovodrun_worker(args, np_, timeout=300, worker="hash_resume.py"))
+# 2 ranks train 12 steps straight and, in a second model, 6 steps, a checkpoint in both
+# formats, 6 steps; fresh models restore it on 2 ranks and on one process and train the
+# last 6 steps.
+HOROVOD_JOBS = (Job("gloo", "hash_resume/saved", "hash_resume", ["--save", "hash_resume/ckpt"]),
+                Job("gloo", "hash_resume/on2", "hash_resume", ["--restore", "hash_resume/ckpt"]),
+                Job("one_after", "hash_resume/on1", "hash_resume", ["--restore", "hash_resume/ckpt"]))
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
-    """2 ranks train 12 steps straight and, in a second model, 6 steps, a checkpoint in
-    both formats, 6 steps; fresh models restore it on 2 ranks and on one process and
-    train the last 6 steps."""
-    root = tmp_path_factory.mktemp("hash_resume")
-    launch([root / "saved", "--save", root / "ckpt"], 2)
-    for np_ in (2, 1):
-        launch([root / f"on{np_}", "--restore", root / "ckpt"], np_)
-    return root
+def resumed(horovod_jobs):
+    """The jobs' directory, once each ran on every rank."""
+    for job in HOROVOD_JOBS:
+        ran(horovod_jobs, job)
+    return horovod_jobs / "hash_resume"
 
 
 def results(directory, name):

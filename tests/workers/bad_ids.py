@@ -74,11 +74,11 @@ def step(model, batch):
     return float(hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="worker_loss"))
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--models", default=",".join(sorted(MODELS)), help="comma-separated, of " + ", ".join(MODELS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for name in args.models.split(","):
         run(name, os.path.join(args.out, name))
 

@@ -45,7 +45,8 @@ def batch(step):
     return {k: v[share] for k, v in x.items()}, y[share]
 
 
-def main(out_dir):
+def main(argv):
+    (out_dir,) = argv
     result = {}
     # Every table sharded: the plan a tape cannot serve.
     wrapped = picasso_tf.optimize(model(), replicate_tables_below=0)
@@ -69,4 +70,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

@@ -74,12 +74,12 @@ def record(model, name, losses, out, rank):
             json.dump({"losses": losses, "steps": int(model.optimizer.iterations.numpy())}, f)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--save")
     parser.add_argument("--restore")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     size, rank = world()
     if args.save:
         whole = make()

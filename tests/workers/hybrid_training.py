@@ -35,25 +35,33 @@ GLOBAL_BATCH, STEPS = 64, 20
 
 
 # Bytes passed to each AllToAllv, by its name, over the steps run: filled inside the
-# training step's graph by the wrapper count_alltoall_bytes installs.
+# training step's graph by the wrapper install_byte_counter puts around Horovod's
+# alltoall, in a job run with --count-bytes.
 SENT = {}
+count_bytes = False
 
 
-def count_alltoall_bytes():
+def install_byte_counter():
     """Wraps Horovod's alltoall (the exchange's calls, and Horovod's registered gradient
-    of the rows' one) to add up the bytes of the buffers each call really sends."""
+    of the rows' one) to add up the bytes of the buffers each call really sends. Once per
+    process: tests/workers/jobs.py runs jobs with and without --count-bytes in one."""
     from horovod.tensorflow import mpi_ops
     original = mpi_ops.alltoall
 
     def alltoall(tensor, splits=None, name=None, **kwargs):
-        key = name or "reverse_of_picasso_exchange_rows"       # Horovod's gradient names none
-        if key not in SENT:
-            with tf.init_scope():
-                SENT[key] = tf.Variable(0, dtype=tf.int64, trainable=False)
-        SENT[key].assign_add(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size)
+        if count_bytes:
+            key = name or "reverse_of_picasso_exchange_rows"       # Horovod's gradient names none
+            if key not in SENT:
+                with tf.init_scope():
+                    SENT[key] = tf.Variable(0, dtype=tf.int64, trainable=False)
+            SENT[key].assign_add(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size)
         return original(tensor, splits=splits, name=name, **kwargs)
 
     mpi_ops.alltoall = hvd.alltoall = alltoall
+
+
+if hvd is not None and hvd.is_initialized():
+    install_byte_counter()
 
 
 class Losses(tf.keras.callbacks.Callback):
@@ -185,7 +193,7 @@ def run(args, optimizer, size, rank):
                        "k_interleave": next(p for p in report if p["pass"] == "k_interleave")}, f, default=str)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--optimizers", default="sgd,adagrad,adam")
@@ -204,10 +212,10 @@ def main():
     parser.add_argument("--interleave-from", default="embedding", help="config.interleave_from")
     parser.add_argument("--interleave-groups", type=int, default=1, help="config.interleave_groups (none excluded)")
     parser.add_argument("--no-stitching", dest="stitching", action="store_false", help="config.stitching=False")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     size, rank = world()
-    if args.count_bytes:
-        count_alltoall_bytes()
+    global count_bytes
+    count_bytes = args.count_bytes
     for optimizer in args.optimizers.split(","):
         run(args, optimizer, size, rank)
 

@@ -191,7 +191,7 @@ def crowd(args, size, rank):
                    "unsaved": unsaved, "collectives": counts}, f)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--runs", default="sgd,adagrad,adagrad-admit2,adagrad-admit2-bloom")
@@ -199,7 +199,7 @@ def main():
     parser.add_argument("--restore", help="a directory --save wrote, by any number of ranks")
     parser.add_argument("--format", default="weights", choices=["weights", "checkpoint"])
     parser.add_argument("--crowd", action="store_true", help="the capacity run, instead of the runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     size, rank = world()
     if args.crowd:
         crowd(args, size, rank)
