@@ -2,7 +2,6 @@
 picasso_tf's hybrid parallelism uses, and training on 2 ranks against one process."""
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -80,10 +79,9 @@ def test_collectives_on_two_ranks_and_idle_mpi_ranks_do_not_spin(trained, transp
 
 
 def test_horovod_is_built_with_tensorflow_gloo_and_mpi():
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=120).stdout
-    controllers = out.partition("Available Controllers:")[2].partition("Available Tensor Operations:")[0]
-    assert "[X] TensorFlow" in out and "[X] Gloo" in controllers and "[X] MPI" in controllers, out
+    # What `horovodrun --check-build` reports, asked of the TensorFlow extension imported
+    # above, without the 8 s that command takes to probe every framework in a process each.
+    assert hvd.mpi_built() and hvd.gloo_built()
 
 
 def test_picasso_run_gives_each_transport_its_flags():
