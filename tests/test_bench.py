@@ -18,6 +18,7 @@ SECTION_HEADINGS = {
     "ops": "## 5. Operation counts",
     "scaling": "## 6. Feature-field scaling",
     "hotstorage": "## 7. Hot-storage size sweep",
+    "deepctr": "## 8. DeepCTR models",
 }
 
 
@@ -109,6 +110,9 @@ def test_every_section_has_rows_or_says_why(tiny_run):
     # The storage's counters are Algorithm 1 exactly; LRU is one of the caches Belady's MIN is the optimum of.
     assert tier["algorithm1"] == pytest.approx(tier["algorithm1_numpy"], abs=1e-12)
     assert 0.0 < tier["lru"] <= tier["belady"] <= 1.0 and 0.0 < tier["algorithm1"] <= 1.0
+    deepctr = s["deepctr"]["rows"][0]
+    assert set(deepctr.get("variants", ())) == {"baseline", "picasso", "bound"}, deepctr.get("error")
+    assert set(s["deepctr"]["summary"]) == {str(deepctr["batch_size"])}
 
 
 def test_report_has_every_table_well_formed(tiny_run):

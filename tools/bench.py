@@ -11,7 +11,8 @@ Sections (--tables): packing (issue 4: wide LR / W&D on 200 fields, DLRM with Ad
 and exact Adam, each against stock Keras and the dense-only bound, plus the per-op
 time of one step), zoo (every zoo model, criteo-like and alibaba-like data), auc
 (AUC parity), ablation, ops (op counts), scaling (duplicated feature fields),
-hotstorage. See tools/benchmarking/sections.py for what each one runs and
+hotstorage, deepctr (DeepCTR's models at their defaults, stock Keras vs picasso_tf vs
+the bound). See tools/benchmarking/sections.py for what each one runs and
 docs/benchmarks.md for the method.
 
 Results go to benchmarks/results/<mode>.json (--out to change): the machine (CPU

@@ -187,7 +187,6 @@ class TableReads:
                 del t.sparse_read
 
 
-@tf.keras.utils.register_keras_serializable("picasso_bench")
 class LookupSlices(tf.keras.layers.Layer):
     """Calls `layer` (one holding tables beside dense weights, or a nested model) with its
     gathers from `tables` answered, in call order, by slices of the embeddings input:
@@ -287,9 +286,10 @@ def _lookup_width(model, sites, mixed):
             width += sum(int(np.prod(shape)) for _, shape in gathers[id(node)])
         stack.extend(node.keras_inputs)
     for layer, layer_tables in mixed.values():
-        gathered = {name for node in layer._inbound_nodes for name, _ in gathers.get(id(node), ())}
+        calls = [gathers[id(node)] for node in layer._inbound_nodes if id(node) in gathers]
+        gathered = {name for call in calls for name, _ in call}
         unread = [t.name for t in layer_tables if t.name not in gathered]
-        if gathered and unread:
+        if calls and unread:
             raise NotGeneric(f"{layer.name} reads table(s) {unread[:3]} other than by a gather")
     return width, gathers
 

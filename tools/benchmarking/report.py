@@ -161,6 +161,9 @@ def _headline(results):
             geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
             lines.append(f"- **zoo**: picasso/baseline geometric mean {geo:.2f}x over {len(ratios)} "
                          f"model×dataset cells (range {min(ratios):.2f}–{max(ratios):.2f}x)")
+    deepctr = results["sections"].get("deepctr")
+    if deepctr and deepctr.get("summary"):
+        lines.append(f"- **DeepCTR models**: picasso/stock Keras geometric mean {_geomeans(deepctr['summary'])}")
     auc = results["sections"].get("auc")
     if auc and auc.get("rows"):
         diffs = [abs(r["auc_diff"]) for r in auc["rows"] if "auc_diff" in r]
@@ -299,12 +302,7 @@ def _zoo(section, has_chart):
             text = "n/a³" if row["error"].startswith("n/a") else row["error"]
             rows.append([row.get("model"), row.get("dataset"), text, "", "", "", "", "", ""])
             continue
-        v, r = row["variants"], row["ratios"]
-        rows.append([row.get("model"), row.get("dataset"), _sps(v.get("baseline")),
-                     _sps(v.get("picasso")) if "picasso" in v else _cell_status(row, "picasso"),
-                     _ratio(r.get("picasso/baseline")),
-                     _sps(v.get("bound")) if "bound" in v else _cell_status(row, "bound"),
-                     _ratio(r.get("picasso/bound"), percent=True), row.get("packed_groups", "–"), _load(row)])
+        rows.append([row.get("model"), row.get("dataset")] + _against_bound(row))
     lines.append(_table(["model", "data", "baseline", "picasso_tf", "picasso / baseline", "dense-only bound",
                          "picasso % of bound", "packed groups", "load"], rows))
     lines.append("")
@@ -319,6 +317,42 @@ def _zoo(section, has_chart):
                   "does not have.", ""]
     if has_chart:
         lines += ["![zoo throughput ratio](bench_zoo.png)", ""]
+    return lines
+
+
+def _against_bound(row):
+    """A timed row's cells: baseline, picasso, picasso/baseline, bound, picasso % of bound,
+    packed groups, load."""
+    v, r = row["variants"], row["ratios"]
+    return [_sps(v.get("baseline")), _sps(v.get("picasso")) if "picasso" in v else _cell_status(row, "picasso"),
+            _ratio(r.get("picasso/baseline")), _sps(v.get("bound")) if "bound" in v else _cell_status(row, "bound"),
+            _ratio(r.get("picasso/bound"), percent=True), row.get("packed_groups", "–"), _load(row)]
+
+
+def _geomeans(summary):
+    """deepctr's summary as text: the geometric mean of picasso/baseline per batch size."""
+    return "; ".join(f"batch {batch}: {s['geomean']:.2f}x over {s['cells']} models (range {s['min']:.2f}–"
+                     f"{s['max']:.2f}x)" for batch, s in summary.items())
+
+
+def _deepctr(section):
+    lines = [f"## 8. {section['title']}", "",
+             f"Batches {', '.join(map(str, section.get('batch_sizes', [])))}, Adagrad, DeepCTR's default "
+             "hyper-parameters on criteo-like data (see Notes). samples/s (median, min–max over rounds).", ""]
+    rows = []
+    for row in section.get("rows", []):
+        if "error" in row:
+            rows.append([row.get("model"), row.get("batch_size"), row["error"]] + [""] * 6)
+            continue
+        rows.append([row["model"], row["batch_size"]] + _against_bound(row))
+    lines.append(_table(["model", "batch", "stock Keras", "picasso_tf", "picasso / Keras", "dense-only bound",
+                         "picasso % of bound", "packed groups", "load"], rows))
+    lines.append("")
+    if section.get("summary"):
+        lines += [f"Geometric mean of picasso / Keras: {_geomeans(section['summary'])}.", ""]
+    notes = _not_generic(section)
+    if notes:
+        lines += ["¹ The dense-only bound is not available for:", ""] + notes + [""]
     return lines
 
 
@@ -444,7 +478,7 @@ def markdown(results, source="benchmarks/results/full.json", charts=()):
         "zoo": lambda s: _zoo(s, "bench_zoo.png" in charts),
         "auc": _auc, "ablation": _ablation, "ops": _ops,
         "scaling": lambda s: _scaling(s, "bench_scaling.png" in charts),
-        "hotstorage": _hotstorage,
+        "hotstorage": _hotstorage, "deepctr": _deepctr,
     }
     for name, render in renderers.items():
         if name in sections:

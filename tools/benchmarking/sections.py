@@ -16,6 +16,8 @@ instead of stopping the suite. Sections:
   scaling     duplicated feature fields 1x..kx against the arithmetic progression (Table VIII)
   hotstorage  HybridHash's hot tier on Zipf ids per size: hit ratio (Algorithm 1 beside LRU and
               the Belady bound) and samples/s against hybrid_hash=False (Table VI)
+  deepctr     DeepCTR's models at their defaults on criteo-like data, per batch size, baseline vs
+              picasso_tf vs the dense-only bound (issue 38; deepctr_models.py)
 """
 import dataclasses
 import time
@@ -30,7 +32,7 @@ from picasso_tf.tools.benchmarking.breakdown import op_breakdown
 from picasso_tf.tools.benchmarking.stages import stage_times
 from picasso_tf.tools.benchmarking.timing import Variant, in_memory_dataset, measure
 
-SECTIONS = ("packing", "zoo", "auc", "ablation", "ops", "scaling", "hotstorage")
+SECTIONS = ("packing", "zoo", "auc", "ablation", "ops", "scaling", "hotstorage", "deepctr")
 NOT_BUILT = "not built"
 
 
@@ -102,6 +104,10 @@ class Sizes:
     hot_steps: int = 500                  # steps of the stream, the warm-up included
     hot_warmup: int = 100                 # Algorithm 1's warm-up steps (the paper's 100) ...
     hot_refresh: int = 100                # ... and steps between refreshes of the hot set
+    # DeepCTR's models (deepctr_models.py; timed with zoo_rounds / zoo_steps)
+    deepctr_models: Optional[Tuple[str, ...]] = None      # None: every model of deepctr_models.MODELS
+    deepctr_batches: Tuple[int, ...] = (512, 4096)
+    deepctr_vocab: int = 10_000
 
 
 MODES = {
@@ -115,7 +121,8 @@ MODES = {
                    auc_seq_len=10, ablation_models=("wide_deep",), ablation_batch=1024,
                    ablation_scale={"wide_deep": 0.25}, ops_models=("wide_deep", "mmoe"), ops_scale=0.25,
                    scaling_multipliers=(1, 2, 3), scaling_base_onehot=3, scaling_batch=512,
-                   hot_storage_sizes=(0.01, 0.05, 0.2), hot_zipf=(1.05,), hot_steps=300),
+                   hot_storage_sizes=(0.01, 0.05, 0.2), hot_zipf=(1.05,), hot_steps=300,
+                   deepctr_models=("WDL", "DeepFM", "DCN", "AutoInt"), deepctr_batches=(512, 2048)),
     "tiny": Sizes(rounds=2, steps=2, warmup_steps=2, batches=2, min_window_s=0.0,
                   packing_configs=("wide_lr", "dlrm_adagrad"),
                   packing_fields=6, packing_vocab=200, packing_batch=256, breakdown_steps=1, stage_repeats=2,
@@ -126,7 +133,7 @@ MODES = {
                   ops_models=("mmoe",), ops_scale=0.05, scaling_model="lr", scaling_multipliers=(1, 2),
                   scaling_base_onehot=3, scaling_batch=128, scaling_vocab=200, hot_storage_sizes=(0.05,),
                   hot_zipf=(1.05,), hot_vocab=2000, hot_batch=32, hot_ids_per_example=4, hot_steps=12,
-                  hot_warmup=4, hot_refresh=4),
+                  hot_warmup=4, hot_refresh=4, deepctr_models=("PNN",), deepctr_batches=(64,), deepctr_vocab=200),
 }
 
 
@@ -837,5 +844,10 @@ def run_hotstorage(sizes, progress):
     return out
 
 
+def run_deepctr(sizes, progress):
+    from picasso_tf.tools.benchmarking import deepctr_models     # it builds on this module
+    return deepctr_models.run(sizes, progress)
+
+
 RUNNERS = {"packing": run_packing, "zoo": run_zoo, "auc": run_auc, "ablation": run_ablation, "ops": run_ops,
-           "scaling": run_scaling, "hotstorage": run_hotstorage}
+           "scaling": run_scaling, "hotstorage": run_hotstorage, "deepctr": run_deepctr}
