@@ -20,8 +20,9 @@
 //                            (and without the split of its gradient).
 //   PicassoStitchedLookupGrad  the tables' gradients, reading the sites' columns of
 //                            the stitched gradient in place.
-//   PicassoStitchedLookupGradApply  the same gradients, each table's rows handed to an
-//                            optimizer's update as soon as they are summed.
+//   PicassoPackedLookupGradApply, PicassoStitchedLookupGradApply  the same gradients,
+//                            each table's rows handed to an optimizer's update as
+//                            soon as they are summed.
 //
 // Work is cut into items of similar cost that the intra-op threads claim one at a
 // time (picasso_common.h). Ids are checked inside the hot loops; when one is bad, a
@@ -837,19 +838,20 @@ class PackedLookupGradOp : public OpKernel {
   LookupGradAttrs<kStitched> attrs_;
 };
 
-// PicassoStitchedLookupGrad with each table's gradient rows handed to an optimizer's
-// in-place update (picasso::InPlaceUpdates) as soon as they are summed, while they are
-// in cache, instead of being returned.
-template <typename T, typename Tid>
-class StitchedLookupGradApplyOp : public OpKernel {
+// PicassoPackedLookupGrad (kStitched false) and PicassoStitchedLookupGrad (true) with
+// each table's gradient rows handed to an optimizer's in-place update
+// (picasso::InPlaceUpdates) as soon as they are summed, while they are in cache,
+// instead of being returned.
+template <typename T, typename Tid, bool kStitched>
+class LookupGradApplyOp : public OpKernel {
  public:
-  explicit StitchedLookupGradApplyOp(OpKernelConstruction* c) : OpKernel(c), updates_(c) {
+  explicit LookupGradApplyOp(OpKernelConstruction* c) : OpKernel(c), updates_(c) {
     OP_REQUIRES_OK(c, attrs_.Init(c));
   }
 
   void Compute(OpKernelContext* ctx) override {
     // The ids are grouped and checked before the tables are locked: that reads no table.
-    LookupGradients<T, Tid, true> gradients;
+    LookupGradients<T, Tid, kStitched> gradients;
     OP_REQUIRES_OK(ctx, gradients.Prepare(ctx, attrs_));
     typename picasso::InPlaceUpdates<T>::Locked vars;
     OP_REQUIRES_OK(ctx, vars.Lock(ctx, updates_));
@@ -873,7 +875,7 @@ class StitchedLookupGradApplyOp : public OpKernel {
   }
 
  private:
-  LookupGradAttrs<true> attrs_;
+  LookupGradAttrs<kStitched> attrs_;
   picasso::InPlaceUpdates<T> updates_;
 };
 
@@ -1025,6 +1027,31 @@ unique_rows[t]: the rows of table t that received a gradient, ascending.
 row_grads[t]: [U_t, dims[t]], the summed gradient of each of those rows.
 )doc");
 
+REGISTER_OP("PicassoPackedLookupGradApply")
+    .Input("grads: N * T")
+    .Input("vars: G * resource")
+    .Input("slots: num_table_slots * resource")
+    .Input("ids: N * Tid")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * T")
+    .Input("num_segments: N * int64")
+    .Input("hyper: num_hyper * T")
+    .Attr("G: int >= 1")
+    .Attr("N: int >= 1")
+    .Attr("T: {float, double}")
+    .Attr("Tid: {int32, int64}")
+    .Attr("table_index: list(int)")
+    .Attr("num_rows: list(int)")
+    .Attr("dims: list(int)")
+    PICASSO_SITE_ATTRS
+    PICASSO_IN_PLACE_UPDATE_ATTRS
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+PicassoPackedLookupGrad with the tables' gradients applied in place by an optimizer,
+as PicassoStitchedLookupGradApply does for a stitched lookup.
+)doc");
+
 REGISTER_OP("PicassoStitchedLookup")
     .Input("tables: G * T")
     .Input("ids: N * Tid")
@@ -1113,8 +1140,10 @@ scalar inputs in the order of hyper_names. Only the rows with a gradient are upd
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookup", T, Tid, StitchedLookupOp<T, Tid>); \
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookupGrad", T, Tid,                        \
                               PackedLookupGradOp<T, Tid, true>);                          \
+  PICASSO_REGISTER_CPU_KERNEL("PicassoPackedLookupGradApply", T, Tid,                     \
+                              LookupGradApplyOp<T, Tid, false>);                          \
   PICASSO_REGISTER_CPU_KERNEL("PicassoStitchedLookupGradApply", T, Tid,                   \
-                              StitchedLookupGradApplyOp<T, Tid>);
+                              LookupGradApplyOp<T, Tid, true>);
 REGISTER_PACKED_LOOKUP(float, int32_t)
 REGISTER_PACKED_LOOKUP(float, int64_t)
 REGISTER_PACKED_LOOKUP(double, int32_t)

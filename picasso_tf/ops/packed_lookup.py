@@ -11,10 +11,13 @@ unique rows, one summed row each; never a dense table-shaped tensor). Through a
 ``ReadVariableOp`` it reaches the variable as such, so ``tf.gradients(loss, var)`` and
 ``GradientTape.gradient(loss, var)`` both give row-sparse gradients. Weights get a
 gradient too (computed with stock TF ops, only when asked for: weights of embedding
-lookups are rarely trained); ids, segment ids and num_segments get none.
+lookups are rarely trained); ids, segment ids and num_segments get none. Inside
+``in_gradient.update_tables_in_gradient`` the gradient kernel may instead apply the
+tables' rows itself (PicassoPackedLookupGradApply), and the tables get no gradient.
 """
 import tensorflow as tf
 
+from picasso_tf.ops.in_gradient import apply_in_gradient, planned_updates
 from picasso_tf.ops.library import load
 
 COMBINERS = ("none", "sum", "mean", "sqrtn")
@@ -201,20 +204,30 @@ def _packed_lookup_gradient(op, *grads):
     attrs = lookup_attrs(op)
     # Eager tapes say which inputs need no gradient; graph mode prunes unused ones.
     skip = set(getattr(op, "skip_input_indices", None) or ())
-    table_grads = [None] * g
-    if any(t not in skip for t in range(g)):
-        unique_rows, row_grads = packed_lookup_grad(
-            grads, ids, segment_ids, weights, num_segments, table_index=table_index,
-            num_rows=tables_rows(tables, table_index, attrs), dims=[grads_dim(grads, table_index, t, table)
-                                                                   for t, table in enumerate(tables)], **attrs)
-        table_grads = [None if t in skip else row_sparse_gradient(table, rows, values)
-                       for t, (table, rows, values) in enumerate(zip(tables, unique_rows, row_grads))]
     weight_grads = []
     for i in range(n):
         empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
         weight_grads.append(None if empty or (g + 2 * n + i) in skip else weight_gradient(
             tables[table_index[i]], grads[i], op.outputs[i], ids[i], segment_ids[i], weights[i],
             num_segments[i], attrs["offsets"][i], attrs["combiners"][i]))
+    table_grads = [None] * g
+    if any(t not in skip for t in range(g)):
+        site_inputs = (grads, list(ids), list(segment_ids), list(weights), list(num_segments))
+        layout = dict(table_index=table_index, num_rows=tables_rows(tables, table_index, attrs),
+                      dims=[grads_dim(grads, table_index, t, table) for t, table in enumerate(tables)], **attrs)
+        # The kernel may update the tables itself when it computes all their gradients
+        # and no weight's gradient reads their values after it.
+        in_kernel = (not skip.intersection(range(g)) and all(w is None for w in weight_grads)
+                     and all(t.shape.is_fully_defined() for t in tables))
+        planned = planned_updates(tables) if in_kernel else None
+        if planned:
+            apply_in_gradient(_ops().picasso_packed_lookup_grad_apply, planned, tables[0].dtype,
+                              **dict(zip(("grads", "ids", "segment_ids", "weights", "num_segments"), site_inputs)),
+                              **layout)
+        else:
+            unique_rows, row_grads = packed_lookup_grad(*site_inputs, **layout)
+            table_grads = [None if t in skip else row_sparse_gradient(table, rows, values)
+                           for t, (table, rows, values) in enumerate(zip(tables, unique_rows, row_grads))]
     return table_grads + [None] * (2 * n) + weight_grads + [None] * n
 
 

@@ -233,14 +233,14 @@ class TrainingStep:
     def split(self, grads_and_vars):
         """Gradients from a custom loop's (gradient, variable) pairs: the fused update's
         tables apart from the rest."""
-        return Gradients(tables=[(g, v) for g, v in grads_and_vars if self._row_sparse(g, v)],
-                         dense=[(g, v) for g, v in grads_and_vars if not self._row_sparse(g, v)])
+        return Gradients(tables=[(g, v) for g, v in grads_and_vars if self._row_sparse(v)],
+                         dense=[(g, v) for g, v in grads_and_vars if not self._row_sparse(v)])
 
-    def _row_sparse(self, grad, var):
-        """Whether the fused row-sparse updates apply this gradient (else the dense update)."""
-        if self.fused is None or not self.fused.handles(var):
-            return False
-        return isinstance(grad, tf.IndexedSlices) or var.ref() not in self.densely_read
+    def _row_sparse(self, var):
+        """Whether the fused row-sparse updates apply var's gradient (else the dense update).
+        Decided per variable: a densely read table's gradient may come in parts (its
+        lookups' rows per micro-batch, its regulariser's once), summed before the update."""
+        return self.fused is not None and self.fused.handles(var) and var.ref() not in self.densely_read
 
     def accumulate(self, micro_batches):
         """One step's Gradients from the micro-batches': summed per variable, a table's
@@ -272,8 +272,8 @@ class TrainingStep:
             averaged = hvd().grouped_allreduce([tf.convert_to_tensor(g) for g, _ in summed], op=hvd().Average,
                                                name="picasso_dense_gradients")
             summed = [(g, v) for g, (_, v) in zip(averaged, summed)]
-        return dataclasses.replace(gradients, tables=tables + [(g, v) for g, v in summed if self._row_sparse(g, v)],
-                                   dense=[(g, v) for g, v in summed if not self._row_sparse(g, v)], fetched=fetched)
+        return dataclasses.replace(gradients, tables=tables + [(g, v) for g, v in summed if self._row_sparse(v)],
+                                   dense=[(g, v) for g, v in summed if not self._row_sparse(v)], fetched=fetched)
 
     def apply(self, optimizer, gradients):
         if self.fused is None:
