@@ -181,7 +181,13 @@ def test_bad_arguments_exit_2(capsys):
     assert "unknown section" in capsys.readouterr().err
     assert bench.main(["--report", "/nonexistent/results.json"]) == 2
     assert bench.main(["--tiny", "--tables", "zoo", "--models", "nonsense"]) == 2
-    assert "unknown zoo model" in capsys.readouterr().err
+    assert "unknown model" in capsys.readouterr().err
+
+
+def test_models_option_names_zoo_and_deepctr_models():
+    assert bench.selected_models("lr,WDL,dlrm") == {"zoo_models": ("lr", "dlrm"), "deepctr_models": ("WDL",)}
+    assert bench.selected_models("DeepFM") == {"deepctr_models": ("DeepFM",)}
+    assert bench.selected_models(None) == {}
 
 
 def test_models_option_runs_only_the_named_zoo_models(tmp_path):

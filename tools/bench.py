@@ -3,7 +3,7 @@
     picasso-bench --quick                   # every section at small sizes (about 3 minutes)
     picasso-bench --full                    # the sizes of the issue and the paper's tables (< 30 min)
     picasso-bench --full --tables packing,ops
-    picasso-bench --full --tables zoo --models dien,dsin   # only these zoo models
+    picasso-bench --full --tables zoo --models dien,dsin   # only these zoo (or DeepCTR) models
     picasso-bench --report                  # docs/benchmarks.md (+ PNGs) from the latest results JSON
     picasso-bench --full --wait-load 2.5    # first wait (up to --wait-max minutes) for a quiet machine
 
@@ -59,7 +59,7 @@ def build_parser():
                       help="toy sizes, for tests (figures mean nothing)")
     p.add_argument("--tables", default="all",
                    help=f"comma-separated sections to run: {','.join(SECTIONS)} (default: all)")
-    p.add_argument("--models", help="comma-separated zoo models for the zoo section (default: the mode's)")
+    p.add_argument("--models", help="comma-separated models of the zoo and deepctr sections (default: the mode's)")
     p.add_argument("--out", help="results JSON (default benchmarks/results/<mode>.json)")
     p.add_argument("--docs", default=DEFAULT_DOCS_DIR, help="where --report writes benchmarks.md and PNGs")
     p.add_argument("--report", nargs="?", const="", metavar="JSON",
@@ -189,15 +189,20 @@ def selected_sections(text):
 
 
 def selected_models(text):
-    """The zoo models named in --models, or None (the mode's own) where it is not given."""
+    """The Sizes fields --models sets: the zoo models and the DeepCTR models it names
+    (a section none of whose models are named runs the mode's own); {} where it is not given."""
     if not text:
-        return None
+        return {}
     from picasso_tf import models as zoo
+    from picasso_tf.tools.benchmarking.deepctr_models import MODELS as DEEPCTR
     names = tuple(t.strip() for t in text.split(",") if t.strip())
-    unknown = [n for n in names if n not in zoo.list()]
+    unknown = [n for n in names if n not in zoo.list() and n not in DEEPCTR]
     if unknown:
-        raise ValueError(f"unknown zoo model(s) {unknown}; choose from {', '.join(zoo.list())}")
-    return names
+        raise ValueError(f"unknown model(s) {unknown}; choose from the zoo's {', '.join(zoo.list())} "
+                         f"and DeepCTR's {', '.join(DEEPCTR)}")
+    fields = {"zoo_models": tuple(n for n in names if n in zoo.list()),
+              "deepctr_models": tuple(n for n in names if n in DEEPCTR)}
+    return {field: chosen for field, chosen in fields.items() if chosen}
 
 
 def run(args, argv):
@@ -208,7 +213,7 @@ def run(args, argv):
     models = selected_models(args.models)
     if args.wait_load:
         wait_for_load(args.wait_load, args.wait_max)
-    sizes = SIZES[mode] if models is None else dataclasses.replace(SIZES[mode], zoo_models=models)
+    sizes = dataclasses.replace(SIZES[mode], **models)
     out_path = args.out or os.path.join(DEFAULT_RESULTS_DIR, f"{mode}.json")
     results = {
         "suite": "picasso-bench",
