@@ -1,7 +1,7 @@
 """picasso-bench: the benchmark suite, baseline Keras vs picasso_tf, timed interleaved.
 
     picasso-bench --quick                   # every section at small sizes (about 3 minutes)
-    picasso-bench --full                    # the sizes of the issue and the paper's tables (< 30 min)
+    picasso-bench --full                    # the sizes of the issue and the paper's tables (over an hour)
     picasso-bench --full --tables packing,ops
     picasso-bench --full --tables zoo --models dien,dsin   # only these zoo (or DeepCTR) models
     picasso-bench --report                  # docs/benchmarks.md (+ PNGs) from the latest results JSON
@@ -54,7 +54,7 @@ def build_parser():
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
                       help="every section at small sizes (about 3 minutes)")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
-                      help="full sizes (under 30 minutes on 2 cores)")
+                      help="full sizes (over an hour on 2 cores)")
     mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",
                       help="toy sizes, for tests (figures mean nothing)")
     p.add_argument("--tables", default="all",

@@ -114,7 +114,8 @@ def _header(results, source):
         "taken within each round (both figures from the same round) and then summarised the same way. "
         "`load` is the 1-minute load average before→after the cell.",
         "",
-        "Reproduce: `picasso-bench --full` (about 30 minutes on 2 cores; `--quick` for a 3-minute smoke run, "
+        "Reproduce: `picasso-bench --full` (over an hour on 2 cores, the deepctr section about half of it; "
+        "`--quick` for a 3-minute smoke run, "
         "`--tables packing,ops` for some sections), then `picasso-bench --report`. Code: `tools/bench.py`, "
         "`tools/benchmarking/*.py`.",
         "",
