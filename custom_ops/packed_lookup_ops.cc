@@ -1027,22 +1027,28 @@ unique_rows[t]: the rows of table t that received a gradient, ascending.
 row_grads[t]: [U_t, dims[t]], the summed gradient of each of those rows.
 )doc");
 
+// What a lookup gradient that applies its tables' rows in place takes after its
+// upstream gradient: the tables' variables, their slots, the sites and the optimizer's
+// scalars (as sparse_updates.h's InPlaceUpdates reads them).
+#define PICASSO_GRAD_APPLY_SIGNATURE                 \
+  .Input("vars: G * resource")                       \
+      .Input("slots: num_table_slots * resource")    \
+      .Input("ids: N * Tid")                         \
+      .Input("segment_ids: N * int64")               \
+      .Input("weights: N * T")                       \
+      .Input("num_segments: N * int64")              \
+      .Input("hyper: num_hyper * T")                 \
+      .Attr("G: int >= 1")                           \
+      .Attr("N: int >= 1")                           \
+      .Attr("T: {float, double}")                    \
+      .Attr("Tid: {int32, int64}")                   \
+      .Attr("table_index: list(int)")                \
+      .Attr("num_rows: list(int)")                   \
+      .Attr("dims: list(int)")
+
 REGISTER_OP("PicassoPackedLookupGradApply")
     .Input("grads: N * T")
-    .Input("vars: G * resource")
-    .Input("slots: num_table_slots * resource")
-    .Input("ids: N * Tid")
-    .Input("segment_ids: N * int64")
-    .Input("weights: N * T")
-    .Input("num_segments: N * int64")
-    .Input("hyper: num_hyper * T")
-    .Attr("G: int >= 1")
-    .Attr("N: int >= 1")
-    .Attr("T: {float, double}")
-    .Attr("Tid: {int32, int64}")
-    .Attr("table_index: list(int)")
-    .Attr("num_rows: list(int)")
-    .Attr("dims: list(int)")
+    PICASSO_GRAD_APPLY_SIGNATURE
     PICASSO_SITE_ATTRS
     PICASSO_IN_PLACE_UPDATE_ATTRS
     .SetIsStateful()
@@ -1106,20 +1112,7 @@ place. Per table, like PicassoPackedLookupGrad: ascending unique rows, summed ro
 
 REGISTER_OP("PicassoStitchedLookupGradApply")
     .Input("grad: T")
-    .Input("vars: G * resource")
-    .Input("slots: num_table_slots * resource")
-    .Input("ids: N * Tid")
-    .Input("segment_ids: N * int64")
-    .Input("weights: N * T")
-    .Input("num_segments: N * int64")
-    .Input("hyper: num_hyper * T")
-    .Attr("G: int >= 1")
-    .Attr("N: int >= 1")
-    .Attr("T: {float, double}")
-    .Attr("Tid: {int32, int64}")
-    .Attr("table_index: list(int)")
-    .Attr("num_rows: list(int)")
-    .Attr("dims: list(int)")
+    PICASSO_GRAD_APPLY_SIGNATURE
     PICASSO_STITCH_ATTRS
     PICASSO_SITE_ATTRS
     PICASSO_IN_PLACE_UPDATE_ATTRS
