@@ -1,8 +1,9 @@
 """The dense-only bound (tools/benchmarking/models.dense_only) of every zoo model on the zoo
 section's criteo-like and alibaba-like data, at toy sizes, from the tables picasso_tf's
 analysis of the training forward finds (as the benchmark builds it): it is built, trains a
-step without training any table, and its embeddings input is as wide as the lookup outputs
-of the original model."""
+step without training any table but with the loss's gradient taken with respect to its
+embeddings input (as a model whose tables train needs it), and that input is as wide as the
+lookup outputs of the original model."""
 import dataclasses
 
 import numpy as np
@@ -81,4 +82,9 @@ def test_every_zoo_cell_has_a_dense_only_bound(name, dataset, datasets):
     # already traced when the model is built.
     bound.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy", run_eagerly=True)
     x, y = bm.bound_batches(bound, width, source)[0]
+    [gradient] = [layer for layer in bound.layers if isinstance(layer, bm.EmbeddingsGradient)]
+    assert gradient.bias.shape == (width,)
     assert np.isfinite(bound.train_on_batch(x, y))
+    # The loss reaches the embeddings the model uses: they take a gradient (not every input:
+    # a masked sequence position, or one behind a ReLU that is off for the whole batch).
+    assert np.mean(gradient.bias.numpy() != 0) > 0.5

@@ -11,8 +11,11 @@ fed as one slice, so a model that concatenates its embeddings reads the input as
 is. A layer that holds tables beside dense weights, or a nested model holding tables,
 stays in the bound with its dense computation, called with each gather from its tables
 (tf.gather, tf.nn.embedding_lookup, Keras Embedding) replaced by a slice
-(LookupSlices). The result times the dense part alone: the throughput a perfect
-embedding layer would leave. It cannot be built (NotGeneric, with the reason) when a
+(LookupSlices). The embeddings input passes through a trained zero bias
+(EmbeddingsGradient), so the bound's step computes the loss's gradient with respect to
+the lookups' outputs, as the step of any model whose tables train must (it is the dense
+part's backward, not the embedding layer's), and then sums it over the batch. The
+result times the dense part alone: the throughput a perfect embedding layer would leave. It cannot be built (NotGeneric, with the reason) when a
 table is held outside the model's layers, when a table in such a mixed layer is read
 other than by a gather, or when a lookup's output is not one static block per example.
 """
@@ -127,6 +130,18 @@ class EmbeddingSlice(tf.keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "start": self.start, "shape": self.shape_}
+
+
+@tf.keras.utils.register_keras_serializable("picasso_bench")
+class EmbeddingsGradient(tf.keras.layers.Layer):
+    """x + b, b a trained zero vector: the step then takes the gradient of the loss with
+    respect to x, which a model whose tables train needs and a plain input does not get."""
+
+    def build(self, shape):
+        self.bias = self.add_weight("bias", (shape[-1],), initializer="zeros")
+
+    def call(self, x):
+        return x + self.bias
 
 
 def _is_keras_tensor(x):
@@ -298,6 +313,7 @@ def _rebuild_with_width(model, sites, mixed, gathers, width):
     """The same construction as dense_only with the embeddings input at its real width
     (the width is only known after a first pass over the graph)."""
     emb_input = tf.keras.Input((width,), name=EMBEDDINGS)
+    embeddings = EmbeddingsGradient(name="embeddings_gradient")(emb_input)
     state = {"next": 0}
     new_inputs, memo, count = {}, {}, [0]
 
@@ -327,7 +343,7 @@ def _rebuild_with_width(model, sites, mixed, gathers, width):
                 slices.append((state["next"], shape))
                 state["next"] += int(np.prod(shape))
             wrapper = LookupSlices(layer, mixed[id(layer)][1], slices, name=f"{layer.name}_lookup_slices_{node_index}")
-            call_again(node, lambda *args, **kwargs: wrapper(emb_input, *args, **kwargs))
+            call_again(node, lambda *args, **kwargs: wrapper(embeddings, *args, **kwargs))
         else:
             collapsed = _collapse(layer, node, value)
             if collapsed is not None:
@@ -353,9 +369,9 @@ def _rebuild_with_width(model, sites, mixed, gathers, width):
             layer = EmbeddingSlice(v.start, v.shape, mask_layer, name=f"embedding_slice_{count[0]}")
             count[0] += 1
             if v.ids is None and v.start == 0 and v.width == width and len(v.shape) == 1:
-                v.tensor = emb_input
+                v.tensor = embeddings
             else:
-                v.tensor = layer([emb_input, materialize(value(v.ids))] if v.ids is not None else emb_input)
+                v.tensor = layer([embeddings, materialize(value(v.ids))] if v.ids is not None else embeddings)
         return v.tensor
 
     outputs = tf.nest.map_structure(lambda t: materialize(value(t)), model.outputs)

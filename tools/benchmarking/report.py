@@ -184,7 +184,8 @@ def _packing(section, has_chart, charts=()):
     lines = [f"## 1. {section['title']}", "",
              f"Batch {section.get('batch_size')}. Columns: samples/s (median, min–max over rounds); "
              "`bound` is the dense-only bound: the same model fed its lookups' outputs as one dense "
-             "`[B, sum(dims)]` input and no embeddings (the throughput a perfect embedding layer would leave). "
+             "`[B, sum(dims)]` input and no embeddings, the loss's gradient still taken with respect to that "
+             "input as any model whose tables train must (the throughput a perfect embedding layer would leave). "
              "DLRM's dot interaction is dense compute that picasso_tf's interactions pass also fuses, so "
              "picasso_tf can pass the bound there; the last column, picasso_tf with `interactions=False` "
              "(the bound's dense part), shows the embedding layer's cost alone.",

@@ -417,7 +417,8 @@ def run_packing(sizes, progress):
                                 "trace": traceback.format_exc(limit=3)})
         cleanup()
     out["notes"].append("bound = the same model fed its lookups' outputs as one dense [B, sum(dims)] input "
-                        "(no embeddings); % of bound = picasso samples/s / bound samples/s. no_interactions = "
+                        "(no embeddings; the loss's gradient with respect to it is still taken, as a model whose "
+                        "tables train needs it); % of bound = picasso samples/s / bound samples/s. no_interactions = "
                         "picasso with interactions=False: its dense part is the bound's, so its % of bound is "
                         "the cost of the embedding layer alone.")
     return out

@@ -7,10 +7,10 @@ first steps happen there), then runs `rounds` rounds; in every round each varian
 trains `steps` steps with Keras' own `fit`, the variants taking turns (ABAB..., the
 starting variant rotating from round to round) so that a change of machine load hits
 them all alike. With `min_window_s`, each variant trains enough steps per round to fill a
-window of at least that many seconds (counted from a probe after its warm-up): a median
-over a few milliseconds means nothing on a shared machine. A step's time is the interval between two consecutive
-`on_train_batch_end` callbacks, so fit's set-up and the first batch's iterator start
-are left out. Per round and variant the median step time gives samples/s; the result
+window of at least that many seconds (counted from the fastest step of a probe after its
+warm-up): a median over a few milliseconds means nothing on a shared machine. A step's
+time is the interval between two consecutive `on_train_batch_end` callbacks, so fit's
+set-up and the first batch's iterator start are left out. Per round and variant the median step time gives samples/s; the result
 holds the median over rounds, the spread (min and max over rounds), and per pair the
 ratio taken round by round (both figures of a ratio come from the same round).
 """
@@ -89,8 +89,9 @@ def measure(variants: List[Variant], rounds: int, steps: int, warmup_steps: int 
         start = time.perf_counter()
         step_times(v.model, v.dataset, max(2, warmup_steps))
         warm[v.name] = time.perf_counter() - start
-        # Enough steps per round for a window of min_window_s, from a probe of `steps` steps.
-        probe = statistics.median(step_times(v.model, v.dataset, steps + 1)) if min_window_s > 0 else 0.0
+        # Enough steps per round for a window of min_window_s, from a probe of `steps` steps:
+        # its fastest step, so that the rounds' steps (no faster) fill the window.
+        probe = min(step_times(v.model, v.dataset, steps + 1)) if min_window_s > 0 else 0.0
         steps_of[v.name] = max(steps, int(-(-min_window_s // probe)) if probe > 0 else steps)
     per_round = {v.name: [] for v in variants}
     windows = {v.name: [] for v in variants}
