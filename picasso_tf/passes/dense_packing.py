@@ -25,8 +25,11 @@ expert's second layer): batched over stacked copies of both, such products ran
 slower on a CPU than apart, so only products with an operand every unit shares (one
 wide product) or per-sample products (already batched) are packed; a stood-down
 group's inner scopes are tried next (an expert's first layer reads the shared
-input). The report lists every group it packed and every group it left alone, with
-the reason.
+input). A group also stands down where its units are large: packing saves launches,
+which matter for small units, while a unit whose products take more than
+_LARGE_UNIT_MACS multiply-adds per example runs at full speed apart, and the stacked
+inputs and outputs only add copies. The report lists every group it packed and every
+group it left alone, with the reason.
 """
 import collections
 import dataclasses
@@ -39,6 +42,10 @@ from tensorflow.python.ops.parallel_for.control_flow_ops import pfor
 from picasso_tf.graph.graph_def_util import canonical
 
 _PRODUCTS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+# Per example, a unit's products above this many multiply-adds (a 64 x 128 product)
+# are compute-bound: packing them saves nothing worth its copies. (CAN's co-action
+# units take at most a few thousand; MMoE's experts over a few hundred inputs, more.)
+_LARGE_UNIT_MACS = 64 * 128
 # Ops that stay outside a unit: their outputs are the unit's inputs.
 _OUTSIDE = ("Placeholder", "ReadVariableOp", "VarHandleOp", "PlaceholderWithDefault")
 _CONTROL_FLOW = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
@@ -87,6 +94,7 @@ def dense_packing(program, graph, config):
             claimed.update(op.name for op in u.ops)
             removed.update(op.name for op in u.ops)
         packed.append({"scopes": [u.scope for u in units][:4], "units": len(units), "ops_per_unit": len(units[0].ops),
+                       "macs_per_example": _macs_per_example(units[0]),
                        "stacked_inputs": sum(len({u.inputs[p].name for u in units}) > 1
                                              for p in range(len(units[0].inputs)))})
     if packed:
@@ -173,6 +181,11 @@ def _why_not_packable(order, units):
             # product) or the products are per-sample already (BatchMatMul).
             return (f"{op.name[len(template.scope) + 1:]} multiplies each unit's own input by its own weights: "
                     "batched over stacked copies of both it runs slower than the units apart")
+    macs = _macs_per_example(template)
+    if macs is not None and macs > _LARGE_UNIT_MACS:
+        return (f"each unit's products take {macs:,} multiply-adds per example (above {_LARGE_UNIT_MACS:,}): "
+                "such units run at full speed apart, and packing them would only add the copies of its "
+                "stacked inputs and outputs")
     members = {op.name: k for k, u in enumerate(units) for op in u.ops}
     for u in units:
         for op in u.ops:
@@ -217,6 +230,27 @@ def _topological(graph):
             stack.extend((t.op, False) for t in op.inputs if not state.get(t.op.name))
             stack.extend((c, False) for c in op.control_inputs if not state.get(c.name))
     return order
+
+
+def _macs_per_example(unit):
+    """Multiply-adds per example of the unit's products (their outputs' elements past the
+    leading, batch, dimension times the contracted dimension), or None where a shape is
+    not static."""
+    total = 0
+    for op in unit.ops:
+        if op.type not in _PRODUCTS:
+            continue
+        a, b, out = op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape
+        if op.type == "MatMul":     # either operand may know it (x [B, ?] @ W [n, m])
+            contracted = (a[0] if op.get_attr("transpose_a") else a[1]) or (
+                b[1] if op.get_attr("transpose_b") else b[0])
+        else:
+            contracted = (a[-2] if op.get_attr("adj_x") else a[-1]) or (b[-1] if op.get_attr("adj_y") else b[-2])
+        per_example = out[1:].num_elements()
+        if contracted is None or per_example is None:
+            return None
+        total += per_example * contracted
+    return total
 
 
 def _vectorize(graph, units, kept):
