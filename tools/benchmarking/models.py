@@ -11,10 +11,11 @@ fed as one slice, so a model that concatenates its embeddings reads the input as
 is. A layer that holds tables beside dense weights, or a nested model holding tables,
 stays in the bound with its dense computation, called with each gather from its tables
 (tf.gather, tf.nn.embedding_lookup, Keras Embedding) replaced by a slice
-(LookupSlices). The embeddings input passes through a trained zero bias
-(EmbeddingsGradient), so the bound's step computes the loss's gradient with respect to
-the lookups' outputs, as the step of any model whose tables train must (it is the dense
-part's backward, not the embedding layer's), and then sums it over the batch. The
+(LookupSlices). Each slice passes through a trained zero bias of its shape, so the
+bound's step computes the loss's gradient with respect to the lookups' outputs, as the
+step of any model whose tables train must (it is the dense part's backward, not the
+embedding layer's), and then sums it over the batch (per slice: a gradient taken of
+the whole input would scatter every slice's into a zero tensor of the input's width). The
 result times the dense part alone: the throughput a perfect embedding layer would leave. It cannot be built (NotGeneric, with the reason) when a
 table is held outside the model's layers, when a table in such a mixed layer is read
 other than by a gather, or when a lookup's output is not one static block per example.
@@ -117,11 +118,12 @@ class EmbeddingSlice(tf.keras.layers.Layer):
         # The replaced layer's compute_mask, kept as a plain function so that the layer
         # itself is not tracked (it is not part of the bound model).
         self._mask_of = mask_layer.compute_mask if mask_layer is not None else None
+        self.gradient = gradient_bias(self, self.shape_)
 
     def call(self, inputs):
         x = inputs[0] if isinstance(inputs, (list, tuple)) else inputs
         x = x[:, self.start:self.start + self.width]
-        return tf.reshape(x, (-1,) + self.shape_) if len(self.shape_) != 1 else x
+        return (tf.reshape(x, (-1,) + self.shape_) if len(self.shape_) != 1 else x) + self.gradient
 
     def compute_mask(self, inputs, mask=None):
         if self._mask_of is None or not isinstance(inputs, (list, tuple)):
@@ -132,16 +134,21 @@ class EmbeddingSlice(tf.keras.layers.Layer):
         return {**super().get_config(), "start": self.start, "shape": self.shape_}
 
 
+def gradient_bias(layer, shape, name="gradient"):
+    """A trained zero weight of per-example `shape` for `layer` to add to a slice: the step
+    then takes the loss's gradient with respect to the slice (see the module docstring)."""
+    return layer.add_weight(name, shape, initializer="zeros")
+
+
 @tf.keras.utils.register_keras_serializable("picasso_bench")
 class EmbeddingsGradient(tf.keras.layers.Layer):
-    """x + b, b a trained zero vector: the step then takes the gradient of the loss with
-    respect to x, which a model whose tables train needs and a plain input does not get."""
+    """x + a gradient_bias: the whole embeddings input, where the model reads it as it is."""
 
     def build(self, shape):
-        self.bias = self.add_weight("bias", (shape[-1],), initializer="zeros")
+        self.gradient = gradient_bias(self, (shape[-1],))
 
     def call(self, x):
-        return x + self.bias
+        return x + self.gradient
 
 
 def _is_keras_tensor(x):
@@ -213,18 +220,19 @@ class LookupSlices(tf.keras.layers.Layer):
         self.layer = layer
         self._reads = TableReads(tables)
         self._slices = [(int(start), tuple(shape)) for start, shape in slices]
+        self._gradients = [gradient_bias(self, shape, f"gradient_{k}") for k, (_, shape) in enumerate(self._slices)]
 
     @property
     def trainable_weights(self):
         tables = {t.ref() for t in self._reads.tables}
-        return [w for w in self.layer.trainable_weights if w.ref() not in tables]
+        return [w for w in self.layer.trainable_weights if w.ref() not in tables] + self._gradients
 
     def call(self, embeddings, *args, **kwargs):
-        pending = iter(self._slices)
+        pending = iter(zip(self._slices, self._gradients))
 
         def read(table, ids, original):
-            start, shape = next(pending)
-            return tf.reshape(embeddings[:, start:start + int(np.prod(shape))], (-1,) + shape)
+            (start, shape), gradient = next(pending)
+            return tf.reshape(embeddings[:, start:start + int(np.prod(shape))], (-1,) + shape) + gradient
 
         with self._reads.replaced(read):
             return self.layer(*args, **kwargs)
@@ -313,7 +321,6 @@ def _rebuild_with_width(model, sites, mixed, gathers, width):
     """The same construction as dense_only with the embeddings input at its real width
     (the width is only known after a first pass over the graph)."""
     emb_input = tf.keras.Input((width,), name=EMBEDDINGS)
-    embeddings = EmbeddingsGradient(name="embeddings_gradient")(emb_input)
     state = {"next": 0}
     new_inputs, memo, count = {}, {}, [0]
 
@@ -343,7 +350,7 @@ def _rebuild_with_width(model, sites, mixed, gathers, width):
                 slices.append((state["next"], shape))
                 state["next"] += int(np.prod(shape))
             wrapper = LookupSlices(layer, mixed[id(layer)][1], slices, name=f"{layer.name}_lookup_slices_{node_index}")
-            call_again(node, lambda *args, **kwargs: wrapper(embeddings, *args, **kwargs))
+            call_again(node, lambda *args, **kwargs: wrapper(emb_input, *args, **kwargs))
         else:
             collapsed = _collapse(layer, node, value)
             if collapsed is not None:
@@ -365,13 +372,13 @@ def _rebuild_with_width(model, sites, mixed, gathers, width):
         if not isinstance(v, _Slice):
             return v
         if v.tensor is None:
-            mask_layer = v.node.layer if v.ids is not None else None
-            layer = EmbeddingSlice(v.start, v.shape, mask_layer, name=f"embedding_slice_{count[0]}")
             count[0] += 1
             if v.ids is None and v.start == 0 and v.width == width and len(v.shape) == 1:
-                v.tensor = embeddings
+                v.tensor = EmbeddingsGradient(name=f"embeddings_gradient_{count[0]}")(emb_input)
             else:
-                v.tensor = layer([embeddings, materialize(value(v.ids))] if v.ids is not None else embeddings)
+                mask_layer = v.node.layer if v.ids is not None else None
+                layer = EmbeddingSlice(v.start, v.shape, mask_layer, name=f"embedding_slice_{count[0]}")
+                v.tensor = layer([emb_input, materialize(value(v.ids))] if v.ids is not None else emb_input)
         return v.tensor
 
     outputs = tf.nest.map_structure(lambda t: materialize(value(t)), model.outputs)
