@@ -32,6 +32,7 @@ from picasso_tf.compiler import compile_program
 from picasso_tf.distributed.checkpoint import save_sharded_weights
 from picasso_tf.config import Config
 from picasso_tf.distributed.exchange import RowExchange
+from picasso_tf.distributed.reported_ids import InPlaceIdsCheck
 from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
                                           take_same_number_of_batches)
 from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables
@@ -308,15 +309,16 @@ class PicassoModel(tf.keras.Model):
                      or (world.distributed and k == DynamicVocabularyTables.kind)]
         hashed = [storages[n] for n, k in kinds.items() if k in HASHED_IN_PROCESS]
         # Under Horovod the ids of tables read in place are checked with the other ranks' in
-        # the exchange's ids AllToAllv; a training step without one sends it for them alone
-        # (its Allreduce would wait for a rank whose kernel refused an id). An inference
-        # step without one has no collective to leave waiting.
+        # the exchange's ids AllToAllv; a training step without one reports them in its
+        # gradients' Allreduce (its Allreduce would wait for a rank whose kernel refused an
+        # id). An inference step without one has no collective to leave waiting.
         check_in_place = world.distributed and check_ids
-        fetch = {training: RowExchange(exchanged, world, check_ids, training, config.wire_dtype)
-                 if exchanged or (check_in_place and training) else
+        fetch = {training: RowExchange(exchanged, world, check_ids, training, config.wire_dtype) if exchanged else
+                 InPlaceIdsCheck(world) if check_in_place and training else
                  HashRowFetch(hashed, training, check_ids) if hashed else None for training in (True, False)}
         self._forward = {training: RewrittenForward(program.graphs[name], storages, fetch[training],
-                                                    check_in_place and isinstance(fetch[training], RowExchange))
+                                                    check_in_place and isinstance(fetch[training],
+                                                                                  (RowExchange, InPlaceIdsCheck)))
                          for training, name in ((True, "training"), (False, "inference"))}
         analysis = program.analyses["training"]
         storage_tables = [v for s in storages.values() for v in s.variables()]
@@ -409,7 +411,9 @@ class PicassoModel(tf.keras.Model):
         loss_scale = optimizer if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer) else None
         return TrainingStep(trainable, self.picasso.table_variables, fused, self._densely_read,
                             world=self.picasso.world, sharded=shards, fetched_rows=fetched_rows,
-                            dense_update=dense_update, loss_scale=loss_scale), "; ".join(filter(None, [note, dense_note]))
+                            dense_update=dense_update, loss_scale=loss_scale,
+                            ids_check=fetch if isinstance(fetch, InPlaceIdsCheck) else None), \
+            "; ".join(filter(None, [note, dense_note]))
 
     def _ensure_rewritten(self, inputs):
         if self._forward is None:
@@ -504,6 +508,13 @@ class PicassoModel(tf.keras.Model):
                 return original.train_step(data)
         x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
         self._ensure_rewritten(x)
+        fetch = self._forward[True].fetch
+        # Under Horovod with no rows exchanged, the step's forward passes report their ids to its Allreduce.
+        with fetch.reporting() if isinstance(fetch, InPlaceIdsCheck) else contextlib.nullcontext():
+            return self._rewritten_train_step(x, y, sample_weight)
+
+    def _rewritten_train_step(self, x, y, sample_weight):
+        """Keras' train_step on the rewritten model: its forward passes, then TrainingStep."""
         k = self.picasso.config.micro_batches
         if k == "auto":
             k = plan_micro_batches(self.picasso.program, self._forward[True], self._warmup_data, x,
@@ -520,13 +531,13 @@ class PicassoModel(tf.keras.Model):
                                        embedding_cut(self._forward[True], self.picasso.program, self.picasso.config),
                                        one_at_a_time=self.picasso.config.micro_batches == "auto"
                                        or self.picasso.world.distributed)
-            return self.compute_metrics(x, y, y_pred, sample_weight)
+            return self._metrics_after_checks(x, y, y_pred, sample_weight)
         step = self._training_step()     # first: it binds the storage to the optimizer the forward pass reads
         y_pred = self(x, training=True)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
         updated = step.run(self.optimizer, loss)
         self.picasso.updated_in_gradient = [v.name for v in updated]
-        logs = self.compute_metrics(x, y, y_pred, sample_weight)
+        logs = self._metrics_after_checks(x, y, y_pred, sample_weight)
         fetch = self._forward[True].fetch
         hit_ratio = fetch.log.hit_ratio() if fetch is not None else None
         if hit_ratio is not None:
@@ -538,6 +549,13 @@ class PicassoModel(tf.keras.Model):
             # Read after the step's updates and evictions: ops on a table run in program order.
             logs[VOCABULARY_KEYS] = tf.add_n([s.keys_held() for s in vocabularies])
         return logs
+
+    def _metrics_after_checks(self, x, y, y_pred, sample_weight):
+        """compute_metrics, once the step's ids reported to its Allreduce are found valid
+        (under Horovod with no rows exchanged: picasso_tf.distributed.reported_ids)."""
+        fetch = self._forward[True].fetch
+        with tf.control_dependencies(fetch.checks() if isinstance(fetch, InPlaceIdsCheck) else []):
+            return self.compute_metrics(x, y, y_pred, sample_weight)
 
     def train_on_batch(self, *args, return_dict=False, **kwargs):
         """As keras.Model.train_on_batch: without return_dict, the values of

@@ -46,10 +46,9 @@ received and raises the same error, before serving anything (_refuse_reported).
 A table read in place (replicated: too small to shard, or frozen) has its ids checked
 by the fused kernels, which would fail on their rank alone. So its sites' ids are
 checked here too (``in_place``), reported like the exchanged ones, and reach the
-kernels only once no rank reported one. A step with no exchanged group still sends the
-ids' AllToAllv for them, holding no keys (``RowExchange([])``): the only collective
-before the forward pass (of each micro-batch, which waits for the previous one's
-backward: runtime/micro_batches.py), which the Allreduce of the gradients comes after.
+kernels only once no rank reported one. A training step with no exchanged group has no
+ids' AllToAllv: its in-place ids are reported in its gradients' Allreduce instead
+(reported_ids.py).
 """
 import tensorflow as tf
 
@@ -112,9 +111,8 @@ class RowExchange:
                                               flat_ids([ids for _, _, ids in in_place]))
             invalid.append((flag, site + len(requests), value))     # numbered after the requests
         # One buffer, owner-major: for each owner, group by group.
-        send = tf.concat([keys[g][d] for d in range(size) for g in range(groups)] +
-                         [tf.zeros([0, 2] if self.wide else [0], tf.int64)], 0)
-        send_splits = tf.add_n(counts + [tf.zeros([size], tf.int32)])
+        send = tf.concat([keys[g][d] for d in range(size) for g in range(groups)], 0)
+        send_splits = tf.add_n(counts)
         if invalid:
             send, send_splits = self._reported(invalid, send, send_splits)
         received, received_splits = hvd().alltoall(send, splits=send_splits, name="picasso_exchange_ids")
@@ -123,8 +121,6 @@ class RowExchange:
             received = self._refuse_reported(features, self._limits(requests, in_place), received, received_splits)
         with tf.control_dependencies([received]):
             checked = [tf.identity(ids) for _, _, ids in in_place]
-        if not self.storages:
-            return {}, checked
         rows_back, back_splits = self._serve(received, received_splits)
         fetched = alltoall_rows(rows_back, back_splits, "picasso_exchange_rows", self.wire_dtype)
 

@@ -44,9 +44,11 @@ class RewrittenForward:
     picasso_tf.distributed.exchange.RowExchange, or the hash storage's HashRowFetch)
     feeds its FetchedRows and ExchangedIds placeholders: the graph's ids are computed
     first, the rows fetched, and then the rest of the graph runs. With check_in_place
-    (under Horovod; `fetch` a RowExchange) the ids of the tables the kernels read in
-    place are computed first too, and reach the kernels once every rank has checked its
-    own (exchange.py), so that an invalid one fails every rank alike."""
+    (under Horovod; `fetch` a RowExchange, or with no group exchanged an
+    InPlaceIdsCheck) the ids of the tables the kernels read in place are computed first
+    too, and reach the kernels once every rank has checked its own (exchange.py), or
+    made harmless until the step's Allreduce has (distributed/reported_ids.py), so that
+    an invalid one fails every rank alike."""
 
     def __init__(self, captured, storages, fetch=None, check_in_place=False):
         self.captured = captured
@@ -96,7 +98,7 @@ class RewrittenForward:
         names = list(self.requests)
         requests = [(self.requests[n], by_name[self.requests[n].ids]) for n in names]
         in_place = [(feature, rows, by_name[t]) for t, feature, rows in self.in_place]
-        # Only a RowExchange checks in-place ids (check_in_place).
+        # Only a RowExchange or an InPlaceIdsCheck checks in-place ids (check_in_place).
         rows, positions = self.fetch.fetch(requests, in_place) if in_place else self.fetch.fetch(requests)
         names += [t for t, _, _ in self.in_place]
         return {**{t: by_name[t] for t in consumed}, **dict(zip(names, positions)),
@@ -145,12 +147,14 @@ READS = ("ReadVariableOp", "PicassoReadTables")   # a variable's value: output i
 class Gradients:
     """One step's gradients: the storages' (for the fused update), the rest (for the
     Keras optimizer), the hash storages' (storage, distinct keys, their summed row
-    gradients), and the tables a gradient kernel already updated."""
+    gradients), the tables a gradient kernel already updated, and the checks the
+    updates wait for (the ranks' ids, reported in the Allreduce)."""
     tables: List[tuple]
     dense: List[tuple]
     fetched: List[tuple] = dataclasses.field(default_factory=list)
     updated_in_gradient: List[tf.Variable] = dataclasses.field(default_factory=list)
     update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)
+    checks: List[tf.Tensor] = dataclasses.field(default_factory=list)
 
 
 class TrainingStep:
@@ -166,10 +170,12 @@ class TrainingStep:
     whose gradients update them; dense_update: the update of the other variables, which
     advances optimizer.iterations (picasso_tf.runtime.dense_update); loss_scale: a Keras
     LossScaleOptimizer (mixed precision), which scales the loss before backward and
-    unscales the gradients after, as Keras does for it, or None."""
+    unscales the gradients after, as Keras does for it, or None; ids_check: the
+    training forward pass's InPlaceIdsCheck (picasso_tf.distributed.reported_ids), whose
+    reports join the gradients' Allreduce, or None."""
 
     def __init__(self, trainable, table_variables, fused=None, densely_read=(), world=World(), sharded=(),
-                 fetched_rows=lambda: [], dense_update=KerasDenseUpdate(), loss_scale=None):
+                 fetched_rows=lambda: [], dense_update=KerasDenseUpdate(), loss_scale=None, ids_check=None):
         self.trainable = list(trainable)
         self.densely_read = {v.ref() for v in densely_read}
         self.tables = {v.ref() for v in table_variables} - self.densely_read
@@ -179,6 +185,7 @@ class TrainingStep:
         self.fetched_rows = fetched_rows
         self.dense_update = dense_update
         self.loss_scale = loss_scale
+        self.ids_check = ids_check
 
     def run(self, optimizer, loss):
         """Adds the step's updates; returns the tables updated inside their gradient kernels."""
@@ -260,7 +267,8 @@ class TrainingStep:
         which the exchange's reverse AllToAllv already summed on their owner, become the
         mean over the ranks' batches; every other gradient is averaged over the ranks in
         one grouped Allreduce (dense: a replicated table's IndexedSlices become its dense
-        gradient, never an allgather)."""
+        gradient, never an allgather), beside the forward passes' ids reports, whose
+        check the updates wait for."""
         if not self.world.distributed:
             return gradients
         scale = 1.0 / self.world.size
@@ -268,14 +276,24 @@ class TrainingStep:
                   for g, v in gradients.tables if v.ref() in self.sharded]
         fetched = [(storage, keys, g * scale) for storage, keys, g in gradients.fetched]
         summed = [(g, v) for g, v in gradients.tables + gradients.dense if v.ref() not in self.sharded]
-        if summed:
-            averaged = hvd().grouped_allreduce([tf.convert_to_tensor(g) for g, _ in summed], op=hvd().Average,
-                                               name="picasso_dense_gradients")
+        reports = self.ids_check.take() if self.ids_check is not None else []
+        reduced = [tf.convert_to_tensor(g) for g, _ in summed] + ([self.ids_check.packed(reports)] if reports else [])
+        checks = []
+        if reduced:
+            averaged = list(hvd().grouped_allreduce(reduced, op=hvd().Average, name="picasso_dense_gradients"))
+            if reports:
+                checks.append(self.ids_check.refuse_reported(averaged.pop(), reports))
             summed = [(g, v) for g, (_, v) in zip(averaged, summed)]
         return dataclasses.replace(gradients, tables=tables + [(g, v) for g, v in summed if self._row_sparse(v)],
-                                   dense=[(g, v) for g, v in summed if not self._row_sparse(v)], fetched=fetched)
+                                   dense=[(g, v) for g, v in summed if not self._row_sparse(v)], fetched=fetched,
+                                   checks=gradients.checks + checks)
 
     def apply(self, optimizer, gradients):
+        # No variable changes before the checks pass (the iteration count included).
+        with tf.control_dependencies(gradients.checks):
+            self._apply(optimizer, gradients)
+
+    def _apply(self, optimizer, gradients):
         if self.fused is None:
             self.dense_update.apply(optimizer, gradients.tables + gradients.dense)
             return

@@ -1,14 +1,16 @@
 """A batch with an id outside its table on one rank only, under `horovodrun -np 2 --gloo`,
 for tests/test_horovod_bad_ids.py.
 
-    bad_ids.py OUT_DIR [--models hashed,vocabulary,replicated,mixed,mixed_micro_batches]
+    bad_ids.py OUT_DIR [--models hashed,vocabulary,replicated,replicated_micro_batches,mixed,mixed_micro_batches]
 
 "hashed": hybrid_training's model with hash-backed tables (hybrid_hash=True, a small
 hot tier), the bad id a user's (5000; the table has 1000 rows). "vocabulary":
 vocabulary_training's model (dynamic vocabularies with admit_after=2, whose raw keys
 make the exchange send pairs, beside a row-sharded table), the bad id a city's (500;
 50 rows). "replicated": hybrid_training's model as picasso_tf.optimize makes it by
-default, every table small enough to stay whole on each rank, the bad id a user's.
+default, every table small enough to stay whole on each rank, the bad id a user's;
+"replicated_micro_batches" the same at micro_batches=2, the bad id in rank 1's second
+micro-batch.
 "mixed": the same with its 8-wide group (user, item, city) row-sharded and its 4-wide
 one (flag, history) replicated, the bad id a history's (5000; 500 rows).
 "mixed_micro_batches": "mixed" at micro_batches=2, the bad id in rank 1's second
@@ -18,8 +20,8 @@ steps; and a second model the same 6 good steps with no bad one. The models run 
 after the other in one launch (the ranks' start-up is most of a run). Every rank writes
 OUT_DIR/MODEL/rankR.json: the error it caught, whether everything it holds of the model
 (weights, shards, hash tables with their counts, hot tiers, vocabularies, optimizer
-variables) stayed as it was over the refused step, and is equal to the undisturbed
-model's at the end, the losses of both models' good steps (mean over the ranks), and
+variables, Keras' step count) stayed as it was over the refused step, and is equal to
+the undisturbed model's at the end, the losses of both models' good steps (mean over the ranks), and
 the collectives of a training step's graph, and the distribute pass's report.
 """
 import argparse
@@ -35,12 +37,14 @@ import vocabulary_training
 from hybrid_training import OPTIMIZERS, collectives, hvd, rank_share, world
 
 MODELS = {"hashed": (hybrid_training, "user", 5000), "vocabulary": (vocabulary_training, "city", 500),
-          "replicated": (hybrid_training, "user", 5000), "mixed": (hybrid_training, "history", 5000),
+          "replicated": (hybrid_training, "user", 5000), "replicated_micro_batches": (hybrid_training, "user", 5000),
+          "mixed": (hybrid_training, "history", 5000),
           "mixed_micro_batches": (hybrid_training, "history", 5000)}
 # hybrid_training's groups: 8-wide 1703 rows (54,496 bytes), 4-wide 501 rows (8,016 bytes).
 OPTIONS = {"hashed": dict(replicate_tables_below=0, hybrid_hash=True, hot_storage_bytes=2000, hot_warmup_steps=1,
                           hot_refresh_every=2),
-           "replicated": {}, "mixed": dict(replicate_tables_below=20000),
+           "replicated": {}, "replicated_micro_batches": dict(micro_batches=2),
+           "mixed": dict(replicate_tables_below=20000),
            "mixed_micro_batches": dict(replicate_tables_below=20000, micro_batches=2)}
 
 
@@ -53,8 +57,9 @@ def make(name):
 
 
 def state(model):
-    """Everything this rank holds of the model, as NumPy arrays."""
-    arrays = [v.numpy() for v in model.original.weights + model.optimizer.variables]
+    """Everything this rank holds of the model, as NumPy arrays (Keras' count of the
+    steps trained included)."""
+    arrays = [v.numpy() for v in model.original.weights + model.optimizer.variables + [model._train_counter]]
     for storage in model.picasso.storages.values():
         tables = [storage.table] if storage.kind.endswith("hybrid_hash") else list(getattr(storage, "tables", []))
         tables += [f.table for f in getattr(storage, "filters", []) if hasattr(f, "table")]
