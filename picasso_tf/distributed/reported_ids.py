@@ -83,7 +83,9 @@ class InPlaceIdsCheck:
             return {}, ids
         flag, site, value = first_invalid([rows for _, rows, _ in in_place], flat_ids(ids))
         self._reports.append(IdsReport(flag, site, value, [f for f, _, _ in in_place], [r for _, r, _ in in_place]))
-        return {}, tf.cond(flag, lambda: [tf.zeros_like(t) for t in ids], lambda: [tf.identity(t) for t in ids])
+        # Times one, or zero: one op per site (a tf.cond would run three).
+        keep = {dtype: tf.cast(tf.logical_not(flag), dtype) for dtype in {t.dtype for t in ids}}
+        return {}, [t * keep[t.dtype] for t in ids]
 
     def take(self):
         """The reports of the forward passes traced since the last take (in the current
