@@ -213,8 +213,8 @@ class Config:
       place always check; this option covers the rows fetched from hash tables and from
       other ranks, and under Horovod makes a bad id fail the step on every rank, the
       rank named, before any table of any rank changes (where no rows are exchanged,
-      that costs one collective per step). Off saves that; under Horovod a bad id then
-      fails only its own rank's step.
+      the check rides in the step's gradient Allreduce). Off saves that; under Horovod a
+      bad id then fails only its own rank's step.
     check_numerics: stop at a NaN or Inf in a float input feature with an error naming
       the feature (tf.errors.InvalidArgumentError from a CheckNumerics op on each float
       feature, in every step). Off by default: Keras trains on such values (its loss
