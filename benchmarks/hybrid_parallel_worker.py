@@ -9,6 +9,8 @@ zoo model with picasso_tf on the synthetic criteo preset, as one process or unde
                               [--heldout 20000]           # AUC on these examples after training
                               [--no-check-ids]            # config.check_ids=False
                               [--stock sparse|dense]      # the stock Keras model instead
+                              [--breakdown 5]             # then trace 5 more steps' ops
+                              [--count-ops]               # the training step's ops by type
 
 --stock trains the original Keras model as a Horovod user does today instead: rank 0's
 weights broadcast, then horovod.tensorflow.keras.DistributedOptimizer, with its default
@@ -17,7 +19,8 @@ sparse handling (the tables' IndexedSlices gradients allgathered) or sparse_as_d
 
 Measured per rank over the timed steps (after warm-up): CPU seconds of the process
 (time.process_time: every thread of it, Horovod's background thread included) and wall
-seconds; the bytes each AllToAllv sent to each rank and the bytes each grouped
+seconds, and the CPU seconds of each of its threads (/proc: Horovod's background
+thread apart from TensorFlow's); the bytes each AllToAllv sent to each rank and the bytes each grouped
 Allreduce reduced (counted in the graph by wrapping Horovod's alltoall and
 grouped_allreduce, from the buffers actually passed); the loopback interface's bytes;
 and, independently of the exchange code, the analytic minimum from the same batches:
@@ -25,7 +28,10 @@ per table, the distinct ids of the batch, owned by id // ceil(rows / size); and 
 bytes held in the variables and the resident memory, after training. With --heldout N,
 N more examples of the same data are held out of training, and every rank predicts all
 of them after training (the same batches on every rank, as the exchange needs): their
-AUC and log loss.
+AUC and log loss. With --breakdown N, N more steps are traced with TensorFlow's
+profiler after the timed ones (tools/benchmarking/breakdown.py): each rank's time per
+op type and node. With --count-ops, the ops of a training step's graph (its functions'
+included) by type.
 """
 import argparse
 import json
@@ -110,8 +116,23 @@ def loopback_bytes():
     return 0
 
 
+def thread_cpu():
+    """{"name tid": CPU seconds} of this process's threads ("main" for the Python one)."""
+    ticks, seconds = os.sysconf("SC_CLK_TCK"), {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:       # the thread ended meanwhile
+            continue
+        name = "main" if int(task) == os.getpid() else stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds[f"{name} {task}"] = (int(fields[11]) + int(fields[12])) / ticks    # utime + stime
+    return seconds
+
+
 def snapshot():
-    return {"cpu": time.process_time(), "wall": time.perf_counter(), "lo": loopback_bytes(),
+    return {"cpu": time.process_time(), "wall": time.perf_counter(), "lo": loopback_bytes(), "threads": thread_cpu(),
             **{k: v.numpy().tolist() for k, v in COUNTERS.items()}}
 
 
@@ -166,6 +187,15 @@ def analytic_exchange(ids_model, dims, vocabs, batches, size, rank):
             "distinct_ids": float(np.mean(distinct_per_step)), "distinct_bytes": float(np.mean(distinct_bytes))}
 
 
+def step_op_types(model, batch):
+    """{op type: count} in the graph of model.train_step traced on `batch` (not run),
+    the functions it calls (tf.cond's branches) included."""
+    graph = tf.function(model.train_step).get_concrete_function(batch).graph
+    types = [op.type for op in graph.get_operations()]
+    types += [node.op for f in graph._functions.values() for node in f.definition.node_def]
+    return {t: types.count(t) for t in sorted(set(types))}
+
+
 def memory(model):
     """What this rank holds: the bytes in every variable's buffer (the model's, the
     optimizer's, the storages' shards and slots of them: a released original holds
@@ -214,6 +244,8 @@ def main():
     parser.add_argument("--stock", choices=("sparse", "dense"),
                         help="train the stock Keras model with Horovod's DistributedOptimizer (sparse_as_dense "
                              "False or True) instead of picasso_tf's")
+    parser.add_argument("--breakdown", type=int, default=0, help="steps traced per op after the timed ones (0: none)")
+    parser.add_argument("--count-ops", action="store_true", help="count the training step's ops by type")
     args = parser.parse_args()
     if DISTRIBUTED and args.instrument:
         install_counters()
@@ -257,7 +289,8 @@ def main():
               "steps": args.steps, "replicate_below": args.replicate_below, "wire_dtype": args.wire_dtype,
               "seconds_total": setup_and_train,
               "cpu_s": end["cpu"] - start["cpu"], "wall_s": end["wall"] - start["wall"],
-              "lo_bytes": end["lo"] - start["lo"]}
+              "lo_bytes": end["lo"] - start["lo"],
+              "threads_cpu_s": {name: cpu - start["threads"].get(name, 0.0) for name, cpu in end["threads"].items()}}
     for k in COUNTERS:
         result[k] = (np.asarray(end[k]) - np.asarray(start[k])).tolist()
     if not args.stock:
@@ -287,6 +320,11 @@ def main():
         result["heldout_auc"] = float(pdata.roc_auc(heldout.labels, scores))
         result["heldout_log_loss"] = float(tf.keras.losses.binary_crossentropy(
             np.reshape(heldout.labels, [-1, 1]).astype(np.float32), scores).numpy().mean())
+    if args.count_ops:
+        result["step_op_types"] = step_op_types(model, next(iter(batches())))
+    if args.breakdown:
+        from picasso_tf.tools.benchmarking.breakdown import op_breakdown
+        result["breakdown"] = op_breakdown(model, batches(), steps=args.breakdown, top=1000)
     # For the projection: the same batches' distinct ids split over 8/64/256 owners.
     if DISTRIBUTED and args.instrument:
         result["loopback_bytes_per_s"] = loopback_bandwidth()
