@@ -10,8 +10,10 @@ an id is invalid, the site holding the first one, that id) goes into this rank's
 of a small tensor that joins the gradients' grouped Allreduce, which every rank issues
 whatever its data. After it every rank finds the first reporting rank and raises the
 error the exchange raises for its ids (exchange.py: feature, id, table size, rank,
-what to do); the step's apply stage and its metrics wait for the check, so nothing
-changes.
+what to do). The step's apply stage, its compiled metrics and Keras' count of steps
+wait for the check, so no weight, slot or count changes; Keras' loss tracker does not
+(Keras updates it as it computes the loss, before the Allreduce), but train_on_batch
+resets it at each call, and fit ends at the error.
 
 The Allreduce averages, so a report travels as float32 numbers the average leaves
 exact: each slot holds its rank's report and zeros from every other rank, so it comes
