@@ -85,17 +85,23 @@ def first_invalid(rows, flat):
     one's table's rows) lies outside its table, the index of the first request holding
     one (int32), that id (int64)). One comparison per id; the index and the id are
     searched for only when there is one (else 0, 0)."""
-    bad = tf.reduce_any(tf.stack([tf.reduce_any(tf.logical_or(f < 0, f >= r)) for f, r in zip(flat, rows)]))
+    bad = tf.reduce_any(tf.stack([tf.reduce_any(_outside(f, r)) for f, r in zip(flat, rows)]))
 
     def find():
         ids = tf.concat(flat, 0)
         limit = tf.concat([tf.fill([tf.size(f)], tf.constant(r, tf.int64)) for f, r in zip(flat, rows)], 0)
         site = tf.concat([tf.fill([tf.size(f)], i) for i, f in enumerate(flat)], 0)
-        first = tf.argmax(tf.cast(tf.logical_or(ids < 0, ids >= limit), tf.int32), output_type=tf.int32)
+        first = tf.argmax(tf.cast(_outside(ids, limit), tf.int32), output_type=tf.int32)
         return tf.gather(site, first), tf.gather(ids, first)
 
     site, value = tf.cond(bad, find, lambda: (tf.constant(0), tf.constant(0, tf.int64)))
     return bad, site, value
+
+
+def _outside(ids, rows):
+    """ids < 0 or ids >= rows (int64 ids, rows >= 0), in one comparison: read as unsigned,
+    a negative id is above any row count."""
+    return tf.bitcast(ids, tf.uint64) >= tf.cast(rows, tf.uint64)
 
 
 def invalid_id_message(features, limits, request, value, rank=None):
