@@ -530,7 +530,7 @@ class PicassoModel(tf.keras.Model):
                                        (x, y, sample_weight), k, self._forward[True],
                                        embedding_cut(self._forward[True], self.picasso.program, self.picasso.config),
                                        one_at_a_time=self.picasso.config.micro_batches == "auto"
-                                       or self.picasso.world.distributed)
+                                       or isinstance(self._forward[True].fetch, RowExchange))
             return self._metrics_after_checks(x, y, y_pred, sample_weight)
         step = self._training_step()     # first: it binds the storage to the optimizer the forward pass reads
         y_pred = self(x, training=True)

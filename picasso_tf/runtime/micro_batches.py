@@ -15,10 +15,11 @@ for micro-batch i-1's loss too, a strict pipeline, measured slower: each forward
 then ran alone.) micro_batches="auto", which picks K for memory, runs them one at a
 time instead (micro-batch i+1 waits for micro-batch i's gradients): one micro-batch's
 activations alive, no overlap (benchmarks/micro_batch_memory.py measures the peak).
-So does a step under Horovod: there each micro-batch's forward begins with a
-collective (its ids' AllToAllv, which checks them on every rank), and a step that one
-refuses must leave no earlier micro-batch's collective (its row gradients' reverse
-AllToAllv) submitted on one rank and cancelled on another.
+So does a step under Horovod that exchanges rows: there each micro-batch's forward
+begins with a collective (its ids' AllToAllv, which checks them on every rank), and a
+step that one refuses must leave no earlier micro-batch's collective (its row
+gradients' reverse AllToAllv) submitted on one rank and cancelled on another. (A step
+that exchanges none has one collective, after the micro-batches.)
 
 What the forward pass computes from the dense weights alone (dense packing's stacked
 kernels) runs once per step, before the micro-batches, which read its values
