@@ -8,6 +8,8 @@ normalisation, masked outputs and losses that are not batch means are refused wi
 reason; "auto" picks K by Eq. 2 (hand-computed examples) and trains like the whole
 batch, or keeps a coupled batch whole. K-interleaving: Eq. 3's groups, chained by
 control dependencies as planned, training unchanged."""
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -54,10 +56,17 @@ def train(k, optimizer, data, regularizer="l2", **options):
     return [r["loss"] for r in losses], [r["auc"] for r in losses], [w.numpy() for w in model.weights]
 
 
+@functools.lru_cache(maxsize=None)
+def whole_batch(optimizer, steps, regularizer="l2", stitching=True):
+    """train(1, ...) on batches(steps): the whole batch's step, which several tests
+    compare their micro-batches with, trained once for all of them."""
+    return train(1, optimizer, batches(steps), regularizer, stitching=stitching)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_micro_batches_train_like_the_whole_batch(optimizer):
     data = batches(4)
-    whole_losses, whole_auc, whole_weights = train(1, optimizer, data)
+    whole_losses, whole_auc, whole_weights = whole_batch(optimizer, 4)
     for k in (2, 4, 7):                   # 7 does not divide the batch of 30
         losses, auc, weights = train(k, optimizer, data)
         np.testing.assert_allclose(losses, whole_losses, rtol=1e-5, err_msg=f"k={k}")
@@ -70,7 +79,7 @@ def test_micro_batches_train_like_the_whole_batch(optimizer):
 @pytest.mark.parametrize("stitching", [True, False])      # a projection / packed lookups into a concat
 def test_micro_batches_from_the_mlp_train_like_the_whole_batch(optimizer, stitching):
     data = batches(4)
-    whole_losses, whole_auc, whole_weights = train(1, optimizer, data, stitching=stitching)
+    whole_losses, whole_auc, whole_weights = whole_batch(optimizer, 4, stitching=stitching)
     for k in (2, 4, 7):
         losses, auc, weights = train(k, optimizer, data, interleave_from="mlp", stitching=stitching)
         np.testing.assert_allclose(losses, whole_losses, rtol=1e-5, err_msg=f"k={k}")
@@ -137,7 +146,7 @@ def test_micro_batches_from_the_embedding_update_tables_as_the_whole_batch_does(
         counts[1]
     assert counts[3] == dict(counts[1], PicassoStitchedProjection=3 * counts[1]["PicassoStitchedProjection"])
     data = batches(3)
-    whole_losses, _, whole_weights = train(1, optimizer, data, regularizer=None, stitching=stitching)
+    whole_losses, _, whole_weights = whole_batch(optimizer, 3, regularizer=None, stitching=stitching)
     for k in (2, 7):
         losses, _, weights = train(k, optimizer, data, regularizer=None, stitching=stitching)
         np.testing.assert_allclose(losses, whole_losses, rtol=1e-5, err_msg=f"k={k}")
@@ -367,21 +376,26 @@ def test_a_recurrent_model_trains_like_the_whole_batch():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name, start", [("din", "embedding"), ("dien", "embedding"), ("mmoe", "embedding"),
-                                         ("din", "mlp"), ("dien", "mlp"), ("can", "mlp")])
-def test_zoo_models_train_like_the_whole_batch(name, start):     # sequences and attention, a GRU, two heads
+@functools.lru_cache(maxsize=None)
+def zoo_training(name, k, start="embedding"):
+    """Zoo model `name`'s losses and weights over two steps of micro_batches=k from
+    `start`. K=1's step (where `start` means nothing) is trained once for both starts."""
     from test_zoo import MIXED, random_data, zoo
     data = random_data(MIXED, 64 * 2, seed=3)
     steps = [(data.take(np.arange(s * 64, (s + 1) * 64)).features, data.take(np.arange(s * 64, (s + 1) * 64)).label_dict)
              for s in range(2)]
-    results = []
-    for k in (1, 3):
-        tf.keras.utils.set_random_seed(1)
-        model = picasso.optimize(zoo.build(name, MIXED), micro_batches=k, interleave_from=start)
-        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
-        results.append((np.ravel([model.train_on_batch(x, y) for x, y in steps]), [w.numpy() for w in model.weights]))
-    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
-    for a, b in zip(results[1][1], results[0][1]):
+    tf.keras.utils.set_random_seed(1)
+    model = picasso.optimize(zoo.build(name, MIXED), micro_batches=k, interleave_from=start)
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    return np.ravel([model.train_on_batch(x, y) for x, y in steps]), [w.numpy() for w in model.weights]
+
+
+@pytest.mark.parametrize("name, start", [("din", "embedding"), ("dien", "embedding"), ("mmoe", "embedding"),
+                                         ("din", "mlp"), ("dien", "mlp"), ("can", "mlp")])
+def test_zoo_models_train_like_the_whole_batch(name, start):     # sequences and attention, a GRU, two heads
+    (whole_losses, whole_weights), (losses, weights) = zoo_training(name, 1), zoo_training(name, 3, start)
+    np.testing.assert_allclose(losses, whole_losses, rtol=1e-5)
+    for a, b in zip(weights, whole_weights):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -492,7 +506,7 @@ def test_auto_picks_k_by_eq_2_and_trains_like_the_whole_batch():
     assert plan["chosen"] == 1 and "stays whole" in plan["why"] and plan["per_sample_bytes"] > 0
     # Room for 8 samples' activations: Eq. 2 gives micro-batches of 8, so 4 for the batch of 30.
     tight, data = _auto(int(plan["per_sample_bytes"] * 8.5))
-    whole_losses, _, whole_weights = train(1, "adagrad", data)
+    whole_losses, _, whole_weights = whole_batch("adagrad", 4)
     tight.compile(optimizer="adagrad", loss="binary_crossentropy")
     losses = [tight.train_on_batch(x, y) for x, y in data]
     plan = _auto_plan(tight)
@@ -516,7 +530,7 @@ def test_auto_keeps_each_micro_batchs_lookup_backward():
     assert _auto_plan(model)["chosen"] == 4
     fused = len(model.picasso.program.lookups["training"])
     assert _op_counts(model, ["PicassoPackedLookupGrad"]) == {"PicassoPackedLookupGrad": 4 * fused}
-    whole_losses, _, _ = train(1, "adagrad", data, stitching=False)
+    whole_losses, _, _ = whole_batch("adagrad", 4, stitching=False)
     np.testing.assert_allclose(losses, whole_losses, rtol=1e-5)
 
 
