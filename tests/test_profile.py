@@ -59,7 +59,7 @@ def test_profile_reports_before_and_after_and_writes_artefacts(tmp_path):
 
 
 def test_profile_graph_tool(tmp_path, capsys):
-    assert profile_graph.main(["--model", "lr", "--data", "wide", "--batch-size", "64", "--trace-steps", "0",
+    assert profile_graph.main(["--model", "lr", "--data", "criteo", "--batch-size", "64", "--trace-steps", "0",
                                "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "training-step ops after/before" in out and (tmp_path / "step_picasso.pbtxt").exists()
