@@ -279,7 +279,7 @@ def _breakdown(config, bd, has_chart, timed=None):
         copies = sum(p[op]["ms_per_step"] for op in ("ConcatV2", "SplitV") if op in p)
         fused = sum(e["ms_per_step"] for op, e in p.items() if op.startswith("Picasso"))
         total = bd["picasso"]["op_ms_per_step"] or 1.0
-        lines.append(f"In the picasso_tf step the heaviest op types are "
+        lines.append("In the picasso_tf step the heaviest op types are "
                      + ", ".join(f"`{e['op']}` ({e['ms_per_step']:.1f} ms, {100 * e['share']:.0f}%)" for e in top)
                      + f". The fused picasso kernels together take {fused:.1f} ms ({100 * fused / total:.0f}% "
                      f"of the op time); the concatenation of the lookup outputs and its gradient split "

@@ -465,7 +465,6 @@ def run_auc(sizes, progress):
     if zoo is None:
         out["notes"].append(f"{NOT_BUILT}: picasso_tf.models cannot be imported")
         return out
-    import picasso_tf
     from picasso_tf.data import load_movielens
     for dataset in sizes.auc_datasets:
         for name in sizes.auc_models:
