@@ -10,6 +10,9 @@ from picasso_tf.tools.benchmarking import report as bench_report
 from picasso_tf.tools.benchmarking import sections as bench_sections
 from picasso_tf.tools import bench
 
+# Its tests run on one pytest-xdist worker: they share the tiny_run module fixture (picasso-bench --tiny, about 40 s).
+pytestmark = pytest.mark.xdist_group("test_bench")
+
 SECTION_HEADINGS = {
     "packing": "## 1. Packing benchmark (issue 4)",
     "zoo": "## 2. Zoo throughput",

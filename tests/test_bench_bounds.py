@@ -16,6 +16,9 @@ from picasso_tf.graph.capture import capture, input_signature
 from picasso_tf.tools.benchmarking import models as bm
 from picasso_tf.tools.benchmarking import sections
 
+# Its tests run on one pytest-xdist worker: they share the datasets module fixture.
+pytestmark = pytest.mark.xdist_group("test_bench_bounds")
+
 # The tiny mode's data with the fewest fields the alibaba-like models take: tracing the
 # sequence models' steps dominates the time.
 SIZES = dataclasses.replace(sections.MODES["tiny"], alibaba_onehot=2, alibaba_sequences=1, alibaba_seq_len=3)

@@ -7,6 +7,9 @@ from picasso_tf.data import (DataFileError, DataFormatError, criteo_schema, data
                              load_schema, read_files, sniff_format, wide_schema, write_criteo, write_csv,
                              write_parquet, write_tfrecord)
 
+# Its tests run on one pytest-xdist worker: they share the wide module fixture.
+pytestmark = pytest.mark.xdist_group("test_data_files")
+
 CRITEO = criteo_schema(49)
 WIDE = wide_schema(num_fields=4, vocab_size=30, name="tiny-wide")
 WRITERS = {"csv": write_csv, "parquet": write_parquet, "tfrecord": write_tfrecord}

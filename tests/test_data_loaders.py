@@ -10,6 +10,9 @@ from picasso_tf.data import (DataFormatError, bundled_path, load_avazu_sample, l
                              read_avazu_csv)
 from picasso_tf.data.samples import BUNDLED_DIR
 
+# Its tests run on one pytest-xdist worker: they share the movielens module fixture.
+pytestmark = pytest.mark.xdist_group("test_data_loaders")
+
 
 def _ratings():
     """(user, item, rating, timestamp) rows of the raw file, parsed here independently."""

@@ -14,6 +14,9 @@ from picasso_tf.embedding.hybrid_hash import HybridHashTables
 from picasso_tf.errors import HotTierTooLargeError, UnsupportedModelError
 from test_program_and_storage import FIELDS, batches, build, plain_weights
 
+# Its tests run on one pytest-xdist worker: they share read_in_place's trainings, cached for the module.
+pytestmark = pytest.mark.xdist_group("test_hybrid_hash_storage")
+
 
 def train(model, data, optimizer=None):
     """The losses of training on `data` (a hash-backed model also logs its hot tier's hit ratio)."""

@@ -10,6 +10,9 @@ import tensorflow as tf
 import picasso_tf as picasso
 from test_zoo import MIXED, random_data, zoo
 
+# Its tests run on one pytest-xdist worker: they share dlrm_baseline's training, cached for the module.
+pytestmark = pytest.mark.xdist_group("test_interactions")
+
 BATCH, STEPS, FIELDS, DIM = 64, 20, 6, 4
 
 

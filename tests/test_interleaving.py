@@ -20,6 +20,9 @@ from picasso_tf.passes.interleaving import interleaving_groups
 from picasso_tf.runtime.micro_batches import _inputs_by_arg
 from picasso_tf.runtime.micro_batch_planner import eq2_micro_batch_size, micro_batch_count
 
+# Its tests run on one pytest-xdist worker: they share the whole-batch and zoo trainings, cached for the module.
+pytestmark = pytest.mark.xdist_group("test_interleaving")
+
 BATCH = 30
 FIELDS = [("u", 40, 8), ("i", 60, 8), ("c", 20, 16)]
 
