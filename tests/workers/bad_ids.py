@@ -15,8 +15,9 @@ micro-batch.
 one (flag, history) replicated, the bad id a history's (5000; 500 rows).
 "mixed_micro_batches": "mixed" at micro_batches=2, the bad id in rank 1's second
 micro-batch. Each trains with Adagrad, one global batch per step: 3 steps, then a step
-whose bad id is in rank 1's share only, whose error every rank catches, the same batch in a forward pass outside
-the step (training=True; only rank 1's kernels raise, and every rank catches), then 3 more
+whose bad id is in rank 1's share only, whose error every rank catches, the same batch
+in a forward pass outside the step (training=True: every rank raises where rows are
+exchanged, rank 1 alone where every table is replicated; every rank catches), then 3 more
 steps; and a second model the same 6 good steps with no bad one. The models run one
 after the other in one launch (the ranks' start-up is most of a run). Every rank writes
 OUT_DIR/MODEL/rankR.json: the error it caught, whether everything it holds of the model
@@ -121,7 +122,8 @@ def run(name, out):
     expected = [step(undisturbed, b) for b in batches]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"size": size, "error": error, "forward_error": forward_error, "unchanged": unchanged, "losses": losses, "expected": expected,
+        json.dump({"size": size, "error": error, "forward_error": forward_error, "unchanged": unchanged,
+                   "losses": losses, "expected": expected,
                    "same_state": equal(state(model), state(undisturbed)),
                    "collectives": collectives(model, tf.data.Dataset.from_tensors(batches[0])),
                    "distribute": next(p for p in model.picasso.reports["training"]["passes"]
