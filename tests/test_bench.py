@@ -199,3 +199,24 @@ def test_models_option_runs_only_the_named_zoo_models(tmp_path):
     results = json.loads(out.read_text())
     assert [row["model"] for row in results["sections"]["zoo"]["rows"]] == ["dlrm"]
     assert results["command"] == "picasso-bench --tiny --tables zoo --models dlrm --out " + str(out) + " --no-report"
+
+
+def test_a_run_of_some_models_keeps_the_other_models_rows_and_names_their_run(tiny_run, tmp_path):
+    results, _ = tiny_run
+    earlier_run = {"command": "picasso-bench --tiny (earlier)", "commit": "0" * 40, "started": results["started"]}
+    pnn = results["sections"]["deepctr"]["rows"][0]
+    other = {**pnn, "name": "DeepFM@64", "model": "DeepFM", "run": None}   # a model this run does not redo
+    earlier = {**results, "sections": {"deepctr": {**results["sections"]["deepctr"], "run": earlier_run,
+                                                   "rows": [other, {**pnn, "run": None}]}}}
+    out, docs = tmp_path / "r.json", tmp_path / "d"
+    out.write_text(json.dumps(earlier))
+    assert bench.main(["--tiny", "--tables", "deepctr", "--models", "PNN", "--out", str(out), "--docs", str(docs)]) == 0
+    section = json.loads(out.read_text())["sections"]["deepctr"]
+    assert [row["model"] for row in section["rows"]] == ["DeepFM", "PNN"]
+    assert section["rows"][0]["run"] == earlier_run
+    assert "run" not in section["rows"][1] and section["run"]["command"].startswith("picasso-bench --tiny --tables deepctr")
+    assert section["summary"]["64"]["cells"] == 2
+    text = (docs / "benchmarks.md").read_text()
+    note = text[text.index(SECTION_HEADINGS["deepctr"]):].splitlines()[2]
+    assert note.startswith("_Rows from several runs: DeepFM from `picasso-bench --tiny (earlier)` at 0000000")
+    assert "; PNN from `picasso-bench --tiny --tables deepctr --models PNN" in note

@@ -205,6 +205,9 @@ def selected_models(text):
     return {field: chosen for field, chosen in fields.items() if chosen}
 
 
+MODEL_SECTIONS = ("zoo", "deepctr")    # the sections --models selects rows of
+
+
 def run(args, argv):
     from picasso_tf.tools.benchmarking.sections import MODES as SIZES
     from picasso_tf.tools.benchmarking.sections import RUNNERS
@@ -233,9 +236,12 @@ def run(args, argv):
     for i, name in enumerate(sections, 1):
         progress.section(i, name)
         section_start = time.perf_counter()
-        results["sections"][name] = RUNNERS[name](sizes, progress)
-        results["sections"][name]["seconds"] = time.perf_counter() - section_start
-        results["sections"][name]["run"] = run_of(results)
+        section = RUNNERS[name](sizes, progress)
+        section["seconds"] = time.perf_counter() - section_start
+        section["run"] = run_of(results)
+        if models and name in MODEL_SECTIONS:
+            section = with_other_models(section, results["sections"].get(name))
+        results["sections"][name] = section
         results["duration_s"] = time.perf_counter() - start
         _write_json(results, out_path)              # partial results survive an interruption
     progress.done()
@@ -297,6 +303,24 @@ def carry_over(results, previous):
     results file section by section, and an interrupted one loses nothing."""
     for name, section in (previous or {}).get("sections", {}).items():
         results["sections"][name] = {**section, "run": section.get("run") or run_of(previous)}
+
+
+def with_other_models(section, previous):
+    """A section run for some models (--models), with the rows of the previous run's other
+    models kept, each marked with the run it comes from, so that a results file can gain
+    models run by run; the summary is recomputed over all of them."""
+    if not previous or not previous.get("rows"):
+        return section
+    redone = {row["name"] for row in section["rows"]}
+    kept = [{**row, "run": row.get("run") or previous["run"]} for row in previous["rows"] if row["name"] not in redone]
+    if not kept:
+        return section
+    # Kept rows first, then stably by batch size (deepctr's rows go batch by batch).
+    merged = {**section, "rows": sorted(kept + section["rows"], key=lambda row: row.get("batch_size", 0))}
+    if "summary" in section:
+        from picasso_tf.tools.benchmarking.deepctr_models import geometric_means
+        merged["summary"] = geometric_means(merged["rows"])
+    return merged
 
 
 def _write_json(results, path):

@@ -3,8 +3,10 @@
 `write_report(results, docs_dir, source)` writes benchmarks.md and, when matplotlib is
 installed, bench_packing.png, bench_zoo.png, bench_scaling.png and bench_breakdown.png
 beside it. `markdown(results)` returns the text alone. Every figure printed comes from
-the one JSON, i.e. from one invocation of the suite.
+the one JSON; a section (or a row of the zoo and deepctr sections) that an earlier run
+left there says which run it comes from.
 """
+import json
 import math
 import os
 
@@ -500,11 +502,23 @@ def _with_provenance(lines, section, results):
     """A section's lines, with the run it comes from under its title where that is not
     the run the header names (a partial run keeps the results file's other sections)."""
     run = section.get("run")
+    kept = [row for row in section.get("rows", []) if row.get("run") and row["run"] != run]
+    if kept:
+        runs = {}
+        for row in kept:
+            runs.setdefault(json.dumps(row["run"], sort_keys=True), []).append(row.get("model") or row["name"])
+        runs[json.dumps(run, sort_keys=True)] = [row.get("model") or row["name"]
+                                                 for row in section["rows"] if row not in kept]
+        note = "_Rows from several runs: " + "; ".join(
+            f"{', '.join(dict.fromkeys(models))} from {_run_text(json.loads(key))}" for key, models in runs.items()) + "._"
+        return lines[:1] + ["", note] + lines[1:]
     if not run or run.get("commit") == results.get("git", {}).get("commit"):
         return lines
-    note = (f"_From an earlier run: `{run.get('command')}` at {str(run.get('commit'))[:7]}, "
-            f"{run.get('started')}._")
-    return lines[:1] + ["", note] + lines[1:]
+    return lines[:1] + ["", f"_From an earlier run: {_run_text(run)}._"] + lines[1:]
+
+
+def _run_text(run):
+    return f"`{run.get('command')}` at {str(run.get('commit'))[:7]}, {run.get('started')}"
 
 
 # -- charts -----------------------------------------------------------------------------------
