@@ -31,8 +31,8 @@ def compile_program(model, config=None, example_inputs=None, warmup_data=None, s
     analyses = {name: find_embedding_sites(graph) for name, graph in graphs.items()}
     training, analysis = graphs["training"], analyses["training"]
     if warmup_data is not None and config.warmup_batches:
-        accesses, distinct = warmup_statistics(training, analysis, warmup_data, config.warmup_batches)
-        statistics = Statistics(accesses, distinct, f"{config.warmup_batches} warm-up batches")
+        accesses, distinct, batch_size = warmup_statistics(training, analysis, warmup_data, config.warmup_batches)
+        statistics = Statistics(accesses, distinct, f"{config.warmup_batches} warm-up batches", batch_size)
     else:
         statistics = Statistics(static_accesses(training, analysis), {}, "input shapes")
     program = Program(graphs=graphs, analyses=analyses, statistics=agreed_by_ranks(statistics),
@@ -46,10 +46,14 @@ def agreed_by_ranks(statistics):
     if not current_world().distributed:
         return statistics
     accesses, distinct = sorted(statistics.accesses), sorted(statistics.distinct_ids)
-    check_same_on_every_rank(zlib.crc32(repr((accesses, distinct)).encode()), "warm-up statistics")
-    mean = mean_over_ranks([statistics.accesses[k] for k in accesses] + [statistics.distinct_ids[k] for k in distinct])
-    return Statistics(dict(zip(accesses, mean[:len(accesses)])), dict(zip(distinct, mean[len(accesses):])),
-                      f"{statistics.source}, averaged over {current_world().size} ranks")
+    batch = [] if statistics.batch_size is None else [statistics.batch_size]
+    check_same_on_every_rank(zlib.crc32(repr((accesses, distinct, len(batch))).encode()), "warm-up statistics")
+    mean = mean_over_ranks([statistics.accesses[k] for k in accesses] + [statistics.distinct_ids[k] for k in distinct]
+                           + batch)
+    return Statistics(dict(zip(accesses, mean[:len(accesses)])),
+                      dict(zip(distinct, mean[len(accesses):len(accesses) + len(distinct)])),
+                      f"{statistics.source}, averaged over {current_world().size} ranks",
+                      mean[-1] if batch else None)
 
 
 def embedding_initializers(model):

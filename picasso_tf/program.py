@@ -117,6 +117,7 @@ class Statistics:
     accesses: Dict[str, float]                 # table name -> ids per example
     distinct_ids: Dict[str, float]             # table name -> share of a batch's ids distinct (warm-up only)
     source: str                                # "input shapes" or "N warm-up batches"
+    batch_size: Optional[float] = None         # examples per warm-up batch (warm-up only)
 
 
 @dataclasses.dataclass

@@ -28,7 +28,8 @@ def static_accesses(captured, analysis):
 def warmup_statistics(captured, analysis, dataset, batches):
     """From the first `batches` batches of dataset, per table: the mean ids looked up
     per example, and the share of a batch's ids that are distinct within their site
-    (how much a per-unique-row kernel saves: ids repeat in CTR data)."""
+    (how much a per-unique-row kernel saves: ids repeat in CTR data); and the examples
+    per batch."""
     ids_tensors = [s.ids for s in analysis.sites]
 
     @tf.function
@@ -40,8 +41,9 @@ def warmup_statistics(captured, analysis, dataset, batches):
         distinct = [tf.size(tf.unique(tf.reshape(t, [-1]))[0], out_type=tf.int64) for t in ids]
         return sizes, distinct, tf.shape(tf.nest.flatten(features)[0])[0]
 
-    totals, distinct, examples = np.zeros(len(ids_tensors)), np.zeros(len(ids_tensors)), 0
+    totals, distinct, examples, batches_seen = np.zeros(len(ids_tensors)), np.zeros(len(ids_tensors)), 0, 0
     for batch in dataset.take(batches):
+        batches_seen += 1
         features = batch[0] if isinstance(batch, tuple) else batch
         sizes, unique, n = count(features)
         totals += np.array([int(s) for s in sizes])
@@ -52,4 +54,5 @@ def warmup_statistics(captured, analysis, dataset, batches):
         accesses[site.variable_name] += total / max(examples, 1)
         ids[site.variable_name] += total
         unique[site.variable_name] += site_distinct
-    return dict(accesses), {name: unique[name] / ids[name] for name in ids if ids[name]}
+    return (dict(accesses), {name: unique[name] / ids[name] for name in ids if ids[name]},
+            examples / max(batches_seen, 1))
