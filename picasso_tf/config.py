@@ -160,8 +160,11 @@ class Config:
     replicate_tables_below: under Horovod with several ranks, a packed group with fewer
       bytes than this stays whole on every rank (its gradient joins the dense Allreduce)
       instead of being sharded: the exchange costs each step a fixed amount of CPU that
-      exceeds allreducing tables of a few MiB (benchmarks/hybrid_parallel.txt). 0 shards
-      every group that can be.
+      exceeds allreducing tables of a few MiB (benchmarks/hybrid_parallel.txt). Once
+      some group is sharded (the exchange runs anyway), a smaller group joins it where,
+      by the warm-up data's statistics, its rows would move fewer bytes than its
+      gradient in the Allreduce (a wide part's width-1 tables of many rows); the
+      report's joined_the_exchange says which. 0 shards every group that can be.
     wire_dtype: under Horovod with several ranks, the type the sharded groups' rows and
       row gradients travel in over the exchange: "float32" (the default: as they are)
       or "float16" (Persia's idea: half their bytes; each rank computes in float32, the
