@@ -7,7 +7,9 @@ import pytest
 import tensorflow as tf
 
 import picasso_tf as picasso
+from picasso_tf.graph.graph_def_util import prune
 from picasso_tf.ops import dense_apply
+from picasso_tf.runtime import dense_update
 from picasso_tf.runtime.dense_update import make_dense_update
 from picasso_tf.config import Config
 
@@ -110,6 +112,59 @@ def test_trains_like_keras(name):
     assert np.linalg.norm(optimized.original.get_layer("constrained").kernel.numpy(), axis=0).max() <= 0.5 + 1e-6
 
 
+def regularized_model():
+    """DeepCTR's default: tables under an L2 regularizer (read whole by it, so their
+    gradient is dense), and a Dense head."""
+    x = {"item": tf.keras.Input((), dtype="int64", name="item"), "dense": tf.keras.Input((6,), name="dense")}
+    l2 = tf.keras.regularizers.l2(1e-3)
+    parts = [tf.keras.layers.Embedding(50, 4, embeddings_regularizer=l2, name="item_4")(x["item"]),
+             tf.keras.layers.Embedding(50, 8, embeddings_regularizer=l2, name="item_8")(x["item"]),
+             x["dense"]]
+    h = tf.keras.layers.Dense(8, activation="relu", name="hidden")(tf.keras.layers.Concatenate()(parts))
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(h))
+
+
+def step_ops_that_run(model, data):
+    """The ops of the model's training step that TensorFlow runs (as its runtime prunes
+    the step's graph)."""
+    x, y = data[0]
+    specs = ({k: tf.TensorSpec([None] + list(v.shape[1:]), tf.as_dtype(v.dtype)) for k, v in x.items()},
+             tf.TensorSpec([None, 1], tf.float32))
+    graph = tf.function(model.train_step).get_concrete_function(specs).graph
+    run = {n.name for n in prune(graph.as_graph_def(), [t.name for t in graph.outputs],
+                                 keep=[op.name for op in graph.control_outputs]).node}
+    return [op for op in graph.get_operations() if op.name in run]
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_regularized_table_gradient_reaches_the_op_in_parts(name, monkeypatch):
+    """A regularised table's gradient, its lookup's rows plus the L2 regulariser's
+    table * scale, reaches the op in those parts: the step builds no table-sized tensor
+    of them (UnsortedSegmentSum, Mul, AddN), and trains bit for bit as with them built,
+    and like the plain Keras model."""
+    data = batches()[:8]
+    baseline, optimized = twins(regularized_model)
+    _, summed = twins(regularized_model)
+    monkeypatch.setattr(dense_update, "_gradient_parts", lambda grad, var: (grad, None, False))   # TensorFlow's sum
+    summed_losses, summed_weights, summed_slots = trained(summed, OPTIMIZERS[name](), data)
+    monkeypatch.undo()
+    losses, weights, slots = trained(optimized, OPTIMIZERS[name](), data)
+    base_losses, base_weights, _ = trained(baseline, OPTIMIZERS[name](), data)
+    tables = {tuple(v.shape) for v in optimized.picasso.table_variables}
+    assert tables == {(50, 4), (50, 8)}
+    ran = step_ops_that_run(optimized, data)
+    built = [(op.type, op.name) for op in ran
+             if op.type in ("UnsortedSegmentSum", "Mul", "AddN") and tuple(op.outputs[0].shape) in tables]
+    assert not built, built
+    assert [op.type for op in ran].count("PicassoDenseApply") == 1
+    np.testing.assert_array_equal(losses, summed_losses)
+    for got, want in zip(weights + slots, summed_weights + summed_slots):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-5, atol=1e-6)
+    for got, want in zip(weights, base_weights):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_one_op_updates_the_dense_variables_and_the_step_has_fewer_ops():
     data = batches()
     _, fused = twins(model_with_embedding)
@@ -187,3 +242,37 @@ def test_the_op_matches_keras_update_step_on_float64_and_refuses_mixed_dtypes():
         dense_apply.apply([ours[0], tf.Variable([1.0])], [values[0], [1.0]],
                           update.rows.updates(ours[:1], [update.rows.keras_slots(ours[0])], 0, [True]) * 2,
                           [True, True])
+
+
+def test_the_op_sums_a_gradient_from_its_parts_as_tensorflow_does():
+    """Rows added to a variable's gradient (a row repeated, a negative index skipped,
+    int32 or int64 indices, a table cut into blocks of whole rows) and a gradient given
+    as the variable times a scale (its value before the weight decay): the variables
+    and slots are those of the same update from the gradients TensorFlow sums of these
+    parts, to the bit."""
+    rng = np.random.default_rng(1)
+    shapes = [(7000, 3), (7, 5), (300, 8)]
+    values = [rng.normal(size=s).astype("float32") for s in shapes]
+    ours, theirs = [tf.Variable(v) for v in values], [tf.Variable(v) for v in values]
+    updates = []
+    for variables in (ours, theirs):
+        optimizer = K.Adam(0.01, weight_decay=0.1)
+        optimizer.build(variables)
+        fused, _ = make_dense_update(optimizer, Config())
+        updates.append(lambda variables=variables, optimizer=optimizer, fused=fused: fused.rows.updates(
+            variables, [fused.rows.keras_slots(v) for v in variables], optimizer.iterations, [True] * 3))
+    for _ in range(3):
+        dense = tf.constant(rng.normal(size=shapes[0]), tf.float32)
+        scale = tf.constant(rng.normal(), tf.float32)
+        rows = [tf.IndexedSlices(tf.constant(rng.normal(size=(5, 3)), tf.float32),
+                                 tf.constant([5, -1, 6999, 5, 2500], tf.int32), shapes[0]),
+                None,
+                tf.IndexedSlices(tf.constant(rng.normal(size=(4, 8)), tf.float32),
+                                 tf.constant([299, 0, 7, 299], tf.int64), shapes[2])]
+        summed = [tf.add_n([tf.convert_to_tensor(rows[0]), dense]), theirs[1] * scale,
+                  tf.add_n([tf.convert_to_tensor(rows[2]), theirs[2] * scale])]
+        dense_apply.apply(ours, [dense, scale, scale], updates[0](), [True] * 3, rows=rows, scaled=[False, True, True])
+        dense_apply.apply(theirs, summed, updates[1](), [True] * 3)
+    for got, want in zip(ours + [s for u in updates[0]() for s in u.slots],
+                         theirs + [s for u in updates[1]() for s in u.slots]):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())

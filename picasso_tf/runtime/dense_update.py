@@ -14,6 +14,14 @@ keeps Keras' current learning rate), applies the decoupled weight decay (not to 
 variables ``exclude_from_weight_decay`` names), then each variable's constraint, and
 advances ``optimizer.iterations`` once.
 
+A table read whole by its embedding regulariser (DeepCTR's default) has a dense
+gradient that TensorFlow builds as AddN(UnsortedSegmentSum(rows of its lookup),
+Mul(table, scale)) (Keras' L2 regulariser's): three passes over the table besides
+the update's. Where the fused update finds it so (``_gradient_parts``), it hands the
+op those parts, which it sums itself to the bit, and those ops do not run. A gradient
+summed otherwise (from several micro-batches' rows, or averaged over Horovod ranks,
+whose Allreduce takes it dense) reaches the op as it is.
+
 What it does not fuse goes to Keras' ``apply_gradients`` in the same step: variables
 of other dtypes than float32 and float64, and gradients that are ``tf.IndexedSlices``
 (tables left unpacked). It stands down for the whole step, with the reason in the
@@ -29,6 +37,7 @@ import tensorflow as tf
 
 from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer, UnsupportedOptimizerError
 from picasso_tf.ops import dense_apply
+from picasso_tf.runtime.fused_update import READS, _captured_from
 
 FUSED_DTYPES = (tf.float32, tf.float64)
 # The steps of Keras' apply_gradients that the fused update replaces (update_step is
@@ -84,12 +93,49 @@ class FusedDenseUpdate(KerasDenseUpdate):
         updates = self.rows.updates(variables, [self.rows.keras_slots(v) for v in variables], iteration,
                                     [True] * len(variables))
         decayed = [self.rows.applies_weight_decay_to(v) for v in variables]
-        return dense_apply.apply(variables, [g for g, _ in grads_and_vars], updates, decayed,
+        grads, rows, scaled = zip(*(_gradient_parts(g, v) for g, v in grads_and_vars))
+        return dense_apply.apply(variables, grads, updates, decayed, rows=rows, scaled=scaled,
                                  name="picasso_dense_apply")
 
 
 def _fusable(grad, var):
     return not isinstance(grad, tf.IndexedSlices) and var.dtype in FUSED_DTYPES and "GPU" not in var.device
+
+
+def _gradient_parts(grad, var):
+    """(dense, rows, scaled): var's gradient in the parts dense_apply.apply takes, where
+    TensorFlow built it from them and nothing else reads them (their ops then do not
+    run): AddN(UnsortedSegmentSum(rows.values, rows.indices, num_rows), dense) (how
+    tf.gradients and tf.add_n add a tf.IndexedSlices to a tensor), and a dense part that
+    is Mul(var's value, scale) becomes the scale, with scaled=True. Else (grad, None,
+    False)."""
+    if tf.executing_eagerly() or not isinstance(grad, tf.Tensor) or grad.consumers():
+        return grad, None, False
+    dense, rows = grad, None
+    inputs = list(grad.op.inputs)
+    if grad.op.type == "AddN" and len(inputs) == 2:
+        for part, other in (inputs, inputs[::-1]):
+            if part.op.type == "UnsortedSegmentSum" and part.op.inputs[1].shape.rank == 1 and \
+                    part.consumers() == [grad.op]:
+                dense, rows = other, tf.IndexedSlices(part.op.inputs[0], part.op.inputs[1])
+                break
+    scale = _scale(dense, var) if all(op is grad.op for op in dense.consumers()) else None
+    return (dense, rows, False) if scale is None else (scale, rows, True)
+
+
+def _scale(dense, var):
+    """s where `dense` is Mul(var's value, scalar s), the value read in a graph that does
+    not write var (its handle has only readers): the value var has when the update
+    runs. Else None."""
+    if dense.op.type != "Mul":
+        return None
+    inputs = list(dense.op.inputs)
+    for value, scale in (inputs, inputs[::-1]):
+        if scale.shape.rank == 0 and value.op.type in READS:
+            handle = value.op.inputs[value.value_index]
+            if _captured_from(handle) is var.handle and all(op.type in READS for op in handle.consumers()):
+                return scale
+    return None
 
 
 def make_dense_update(optimizer, config):

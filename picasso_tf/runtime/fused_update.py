@@ -81,13 +81,16 @@ def _variable_read_only_as(value, fused):
     """The table variable (among those `fused` updates) whose one read in the graph gives
     `value`, itself used by one op; else None."""
     read = value.op
-    if read.type not in ("ReadVariableOp", "PicassoReadTables") or len(value.consumers()) != 1:
+    if read.type not in READS or len(value.consumers()) != 1:
         return None
     handle = read.inputs[value.value_index]
     if handle.consumers() != [read]:
         return None
     outside = _captured_from(handle)
     return next((ref.deref() for ref in fused.tables if ref.deref().handle is outside), None)
+
+
+READS = ("ReadVariableOp", "PicassoReadTables")   # a variable's value: output i reads input i
 
 
 def _captured_from(tensor):

@@ -34,7 +34,7 @@ from picasso_tf.ops.in_gradient import update_tables_in_gradient
 from picasso_tf.passes.fetched_rows import in_place_sites
 from picasso_tf.program import ExchangedIds, FetchedRows, StorageRef
 from picasso_tf.runtime.dense_update import KerasDenseUpdate
-from picasso_tf.runtime.fused_update import InGradientUpdates, _captured_from
+from picasso_tf.runtime.fused_update import READS, InGradientUpdates, _captured_from
 
 
 class RewrittenForward:
@@ -138,9 +138,6 @@ class GatheredLookupUpdates(InGradientUpdates):
             return None
         outside = _captured_from(handle)
         return next((ref.deref() for ref in self.fused.tables if ref.deref().handle is outside), None)
-
-
-READS = ("ReadVariableOp", "PicassoReadTables")   # a variable's value: output i reads input i
 
 
 @dataclasses.dataclass
@@ -267,8 +264,9 @@ class TrainingStep:
         which the exchange's reverse AllToAllv already summed on their owner, become the
         mean over the ranks' batches; every other gradient is averaged over the ranks in
         one grouped Allreduce (dense: a replicated table's IndexedSlices become its dense
-        gradient, never an allgather), beside the forward passes' ids reports, whose
-        check the updates wait for."""
+        gradient, never an allgather; so does a densely read table's sum of rows and
+        regulariser, which the fused dense update adds itself in one process), beside the
+        forward passes' ids reports, whose check the updates wait for."""
         if not self.world.distributed:
             return gradients
         scale = 1.0 / self.world.size
