@@ -19,8 +19,8 @@ gradient that TensorFlow builds as AddN(UnsortedSegmentSum(rows of its lookup),
 Mul(table, scale)) (Keras' L2 regulariser's): three passes over the table besides
 the update's. Where the fused update finds it so (``_gradient_parts``), it hands the
 op those parts, which it sums itself to the bit, and those ops do not run. A gradient
-summed otherwise (from several micro-batches' rows, or averaged over Horovod ranks,
-whose Allreduce takes it dense) reaches the op as it is.
+summed otherwise reaches the op as it is: over micro-batches (each adds its own
+regulariser's term) or averaged over Horovod ranks (their Allreduce takes it dense).
 
 What it does not fuse goes to Keras' ``apply_gradients`` in the same step: variables
 of other dtypes than float32 and float64, and gradients that are ``tf.IndexedSlices``
