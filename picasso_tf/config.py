@@ -31,10 +31,7 @@ class Config:
       needs D-packing's groups).
     stitching: where the model concatenates (or stacks) lookup outputs, have K-packing
       write them straight into the concatenation's layout, so that neither the
-      concatenation nor the split of its gradient copies them. A concatenation that the
-      model only slices apart again (FwFM's fields, pair by pair) is left as written:
-      each slice's gradient would be the size of the whole; the report's not_stitched
-      says which.
+      concatenation nor the split of its gradient copies them.
     projection: where such a concatenation only feeds a MatMul (a logistic regression,
       a wide part, an MLP's first layer), compute the product and its gradients from the
       tables' rows directly, so that the concatenation and its gradient are never

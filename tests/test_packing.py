@@ -346,30 +346,6 @@ def test_twin_concatenations_share_one_stitched_lookup():
                                run(baseline, tf.keras.optimizers.Adagrad(0.2), 20), rtol=1e-5, atol=1e-5)
 
 
-def test_a_concatenation_only_taken_apart_again_is_not_stitched():
-    """FwFM's pattern: the fields' embeddings stacked, then each field sliced out again for
-    every pair of fields (and concatenated flat for the deep part). Stitched, every
-    slice's gradient would be the size of the whole stack; left as written, TensorFlow
-    moves the slices onto the single fields. The model trains exactly either way."""
-    def build():
-        tf.keras.utils.set_random_seed(12)
-        x = {n: tf.keras.Input((), dtype="int64", name=n) for n, _, _ in FIELDS}
-        embs = [tf.keras.layers.Embedding(v, 8, name=f"emb_{n}")(x[n]) for n, v, _ in FIELDS]
-        stacked = tf.stack(embs, axis=1)                                   # [B, 4, 8]
-        pairs = [tf.reduce_sum(stacked[:, i] * stacked[:, j], 1, keepdims=True)
-                 for i in range(len(embs)) for j in range(i + 1, len(embs))]
-        deep = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(embs))  # [B, 32]
-        return tf.keras.Model(x, tf.keras.layers.Activation("sigmoid")(tf.add_n(pairs) + deep))
-
-    baseline, optimized = build(), picasso.optimize(build())
-    k_packing = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"][0]
-    assert k_packing["stitched"] == []          # nor the flat twin: its fields are also stacked
-    [(stack, why)] = k_packing["not_stitched"].items()
-    assert "stack" in stack and why.startswith("only taken apart again (12 StridedSlice)")
-    np.testing.assert_allclose(run(optimized, tf.keras.optimizers.Adagrad(0.2), 20),
-                               run(baseline, tf.keras.optimizers.Adagrad(0.2), 20), rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("units", [1, 16])
 def test_a_concatenation_feeding_a_dense_gets_the_projection_and_trains_like_the_baseline(units):
     """Lookups, a flattened sequence and a trained dense input, concatenated into a

@@ -66,8 +66,8 @@ def k_packing(program, graph, config):
             members_of[group.name] = members
 
     with scratch.as_default():
-        stitches, not_stitched = find_stitches(scratch, sites, lambda stitch: _projection_choice(
-            stitch, program.statistics, config)[0]) if config.stitching else ([], {})
+        stitches = find_stitches(scratch, sites, lambda stitch: _projection_choice(
+            stitch, program.statistics, config)[0]) if config.stitching else []
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
         values, member_of, fused = {}, {}, []
         for group in program.tables:
@@ -87,7 +87,7 @@ def k_packing(program, graph, config):
     program = dataclasses.replace(program, graphs={**program.graphs, graph: rewritten},
                                   lookups={**program.lookups, graph: edits.records})
     return program, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
-                     "stitched": stitched, "not_stitched": not_stitched,
+                     "stitched": stitched,
                      "sequences_pooled": [feature_names[s.output] for s in sites if s.pattern == "sequence"],
                      "sequences_not_pooled": {feature_names[s.output]: (
                          f"rows of width {s.dim}: the model's own product and sum are faster there")

@@ -17,12 +17,6 @@ share one stitched lookup: each takes its own reshape of it.
 A concatenation whose only use is a MatMul (a logistic regression, a wide part, an
 MLP's first layer) is noted as the stitch's projection: K-packing can compute the
 product from the tables' rows (picasso_tf.ops.stitched_projection).
-
-A concatenation that the model only takes apart again (FwFM and DeepFEFM concatenate
-the fields' embeddings, then slice out each field for every pair of fields) is not
-stitched: TensorFlow's optimizer moves such slices onto the concatenation's inputs,
-each a single field, and each slice's gradient is then the size of one field; sliced
-from the stitched output instead, every slice's gradient is the size of all of them.
 """
 import dataclasses
 import math
@@ -32,8 +26,6 @@ import tensorflow as tf
 
 # Ops that only reshape their first input.
 _RESHAPES = {"Reshape", "ExpandDims", "Squeeze", "Identity"}
-# Ops that take a tensor apart.
-_SLICES = {"StridedSlice", "Slice", "Split", "SplitV", "Unpack"}
 
 
 @dataclasses.dataclass
@@ -75,10 +67,8 @@ class Stitch:
 
 
 def find_stitches(graph, sites, projection_pays):
-    """(The stitchable concatenations of a tf.Graph holding the captured graph, {node:
-    why not} for the concatenations of sites left as they are because the model takes
-    them apart again). projection_pays(stitch): whether K-packing would make the
-    stitch's projection."""
+    """The stitchable concatenations of a tf.Graph holding the captured graph.
+    projection_pays(stitch): whether K-packing would make the stitch's projection."""
     reaches = {}   # tensor name -> (site, reshape chain) for exclusively used site outputs
     for site in sites:
         tensor, chain = graph.get_tensor_by_name(site.output), []
@@ -95,15 +85,10 @@ def find_stitches(graph, sites, projection_pays):
             tensor = node.outputs[0]
         reaches[tensor.name] = (site, chain)
     twins = {}   # (input, columns) pairs -> the Stitch of every concatenation made of them
-    taken_apart = {}
     for node in graph.get_operations():
         if node.type in ("ConcatV2", "Pack") and not node._control_outputs:
             stitch = _stitch_of(node, reaches)
-            slices = [c for c in node.outputs[0].consumers() if c.type in _SLICES]
-            if stitch is not None and slices and len(slices) == len(node.outputs[0].consumers()):
-                taken_apart[node.name] = (f"only taken apart again ({len(slices)} {slices[0].type}): each "
-                                          "slice's gradient would be the size of the whole concatenation")
-            elif stitch is not None:
+            if stitch is not None:
                 key = tuple((p.tensor, p.inner) for p in stitch.parts)
                 if key in twins:
                     twins[key].outputs += stitch.outputs
@@ -142,7 +127,7 @@ def find_stitches(graph, sites, projection_pays):
     stitches = [s for s in stitches if s.sites]
     for stitch in stitches:
         stitch.projection = _projection_of(graph, stitch)
-    return stitches, taken_apart
+    return stitches
 
 
 def _projection_of(graph, stitch, weights=False):
