@@ -87,10 +87,12 @@ class Config:
       update) it stands down to Keras and the report's optimizer line says why. Off
       with packing=False too.
     apply_in_gradient: where the optimizer leaves rows without a gradient alone (Adagrad,
-      SGD without momentum, the lazy forms) and a table's gradient comes from one stitched
-      projection or stitched lookup, apply the update inside the kernel that computes the
+      SGD without momentum, the lazy forms) and a table's gradient comes from one fused
+      lookup or projection, apply the update inside the kernel that computes the
       gradient, while the rows are in cache, instead of writing the gradient out for a
-      second kernel (same result, bit for bit).
+      second kernel (same result, bit for bit). Not where a per-id weight that trains
+      (whose gradient reads the table) meets the table; a sequence's mask made from its
+      ids needs no gradient and does not stop it.
     lazy_optimizer: for Adam, AdamW and RMSprop (whose Keras forms decay every row of a
       table every step), update only the rows a batch touched, as recommender systems
       usually do. Off by default: a different algorithm from what the user asked for, so

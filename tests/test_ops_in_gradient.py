@@ -55,10 +55,11 @@ def lookup(rng, rows, specs=SPECS):
     return tables, forward, dense, upstream
 
 
-def _train_step(tables, slots, forward, others, upstream, make_update, in_kernel):
+def _train_step(tables, slots, forward, others, upstream, make_update, in_kernel, name_sources=False):
     """One step of the tables and slots (variables made from the arrays), the update
-    applied inside the gradient kernel or after it (lazy: the rows with a gradient).
-    Returns the gradients of `others`, then every variable's new value."""
+    applied inside the gradient kernel or after it (lazy: the rows with a gradient),
+    the hook told tf.gradients' sources if `name_sources`. Returns the gradients of
+    `others`, then every variable's new value."""
     table_vars = [tf.Variable(t) for t in tables]
     slot_vars = [[tf.Variable(s) for s in per_table] for per_table in slots]
     updates = [make_update(s) for s in slot_vars]
@@ -69,7 +70,7 @@ def _train_step(tables, slots, forward, others, upstream, make_update, in_kernel
         loss = tf.reduce_sum(forward(values) * upstream)
         if in_kernel:
             hook = FixedTableUpdates(zip(table_vars, updates))
-            with update_tables_in_gradient(hook):
+            with update_tables_in_gradient(hook, values + others if name_sources else None):
                 grads = tf.gradients(loss, values + others)
             assert grads[:len(values)] == [None] * len(values), "the tables get no gradient of their own"
             ops = hook.ops
@@ -104,24 +105,47 @@ def test_gradient_applied_inside_the_kernel_equals_the_gradient_then_the_update(
         np.testing.assert_array_equal(a, b, err_msg=f"output {k} (the others' gradients, then tables, slots)")
 
 
-def test_a_lookup_with_weighted_sites_returns_its_gradients_instead():
+@pytest.mark.parametrize("weights", ["sources_unnamed", "from_a_variable"])
+def test_a_lookup_with_weighted_sites_returns_its_gradients_instead(weights):
     """A per-id weight's gradient reads the tables' values, so the tables cannot be
-    updated before it: the gradient falls back to IndexedSlices."""
+    updated before it: the gradient falls back to IndexedSlices where the weights may
+    need one (tf.gradients' sources not named, or the weights made from a variable)."""
     rng = np.random.default_rng(3)
-    tables, forward, others, upstream = lookup(rng, 40, LOOKUP_SPECS)
+    tables, sites, dense, kwargs = shared_stitch(rng, 40, LOOKUP_SPECS)
     table_vars = [tf.Variable(t) for t in tables]
+    scale = tf.Variable(1.0)
     accumulators = [tf.Variable(tf.ones_like(t)) for t in tables]
     hook = FixedTableUpdates((v, sparse_apply.adagrad_update(a, lr=0.1, epsilon=1e-7))
                              for v, a in zip(table_vars, accumulators))
+    upstream = tf.constant(rng.normal(size=(40, kwargs["width"])).astype(np.float32))
 
     @tf.function
     def grads():
         values = [v.read_value() for v in table_vars]
-        with update_tables_in_gradient(hook):
-            return tf.gradients(tf.reduce_sum(forward(values) * upstream), values)
+        site_weights = [s["w"] if s["w"] is None or weights == "sources_unnamed" else s["w"] * scale
+                        for s in sites]
+        out = stitched_lookup(values, [s["ids"] for s in sites], [s["seg"] for s in sites], site_weights,
+                              [s["num_segments"] for s in sites], [tf.constant(x) for x in dense], **kwargs)
+        with update_tables_in_gradient(hook, None if weights == "sources_unnamed" else values + [scale]):
+            return tf.gradients(tf.reduce_sum(out * upstream), values)
 
     assert all(isinstance(g, tf.IndexedSlices) for g in grads())
     assert hook.ops == []
+
+
+def test_weights_no_source_reaches_leave_the_update_in_the_kernel():
+    """Weighted sites whose weights no differentiable path joins to tf.gradients'
+    sources (constants here; a sequence's mask made from its ids in a model) need no
+    gradient: the kernel updates the tables, bit for bit as the separate update."""
+    rng = np.random.default_rng(5)
+    tables, forward, others, upstream = lookup(rng, 3000, LOOKUP_SPECS)
+    num_slots, make_update = IN_KERNEL_UPDATES["adagrad_weight_decay"]
+    args = (tables, _random_slots(rng, tables, num_slots), forward, others, upstream, make_update)
+    fused = _train_step(*args, in_kernel=True, name_sources=True)
+    separate = _train_step(*args, in_kernel=False)
+    assert not np.array_equal(fused[len(others)], tables[0]), "the tables were updated"
+    for k, (a, b) in enumerate(zip(fused, separate)):
+        np.testing.assert_array_equal(a, b, err_msg=f"output {k} (the others' gradients, then tables, slots)")
 
 
 @pytest.mark.parametrize("kernel", ["projection", "lookup"])

@@ -17,7 +17,7 @@ tables' rows itself (PicassoPackedLookupGradApply), and the tables get no gradie
 """
 import tensorflow as tf
 
-from picasso_tf.ops.in_gradient import apply_in_gradient, planned_updates
+from picasso_tf.ops.in_gradient import apply_in_gradient, gradient_wanted, planned_updates
 from picasso_tf.ops.library import load
 
 COMBINERS = ("none", "sum", "mean", "sqrtn")
@@ -207,7 +207,7 @@ def _packed_lookup_gradient(op, *grads):
     weight_grads = []
     for i in range(n):
         empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
-        weight_grads.append(None if empty or (g + 2 * n + i) in skip else weight_gradient(
+        weight_grads.append(None if empty or not gradient_wanted(op, g + 2 * n + i) else weight_gradient(
             tables[table_index[i]], grads[i], op.outputs[i], ids[i], segment_ids[i], weights[i],
             num_segments[i], attrs["offsets"][i], attrs["combiners"][i]))
     table_grads = [None] * g

@@ -15,7 +15,7 @@ optimizer's update to the tables' rows in the same kernel.
 """
 import tensorflow as tf
 
-from picasso_tf.ops.in_gradient import apply_in_gradient, planned_updates
+from picasso_tf.ops.in_gradient import apply_in_gradient, gradient_wanted, planned_updates
 from picasso_tf.ops.packed_lookup import (_ops, lookup_attrs, row_sparse_gradient, site_inputs,
                                           tables_rows, weight_gradient)
 
@@ -67,7 +67,7 @@ def _stitched_lookup_gradient(op, grad):
     weight_grads = []
     for i in range(n):
         empty = weights[i].shape.rank == 1 and weights[i].shape[0] == 0  # "all ones"
-        weight_grads.append(None if empty or (g + 2 * n + i) in skip else weight_gradient(
+        weight_grads.append(None if empty or not gradient_wanted(op, g + 2 * n + i) else weight_gradient(
             tables[table_index[i]], site_columns(grad, i), site_columns(op.outputs[0], i),
             ids[i] if attrs["combiners"][i] != "none" else tf.reshape(ids[i], [-1]), segment_ids[i],
             weights[i], num_segments[i],

@@ -214,9 +214,9 @@ class TrainingStep:
         fetched = self.fetched_rows()
         if self.loss_scale is not None:
             loss = self.loss_scale.get_scaled_loss(loss)    # so that float16 gradients do not underflow
-        with update_tables_in_gradient(in_gradient):
-            grads = tf.gradients(loss, self.trainable + [rows for _, _, rows in fetched] + tensors,
-                                 stop_gradients=tensors)
+        sources = self.trainable + [rows for _, _, rows in fetched] + tensors
+        with update_tables_in_gradient(in_gradient, sources):
+            grads = tf.gradients(loss, sources, stop_gradients=tensors)
         grads, at_tensors = grads[:len(grads) - len(tensors)], grads[len(grads) - len(tensors):]
         at_tensors = [None if g is None else tf.convert_to_tensor(g) for g in at_tensors]
         if self.loss_scale is not None:

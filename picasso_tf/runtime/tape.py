@@ -108,7 +108,7 @@ def _record(inputs, variables, outputs):
         if not pairs:
             return [None] * len(sources)
         ys, grad_ys = zip(*pairs)
-        with update_tables_in_gradient(getattr(_in_gradient, "updates", None)):
+        with update_tables_in_gradient(getattr(_in_gradient, "updates", None), sources):
             return tf.gradients(list(ys), sources, grad_ys=list(grad_ys))
 
     record.record_operation("PicassoRewrittenForward", outputs, features + [v.handle for v in variables], backward)
