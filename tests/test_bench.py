@@ -185,6 +185,8 @@ def test_bad_arguments_exit_2(capsys):
     assert bench.main(["--report", "/nonexistent/results.json"]) == 2
     assert bench.main(["--tiny", "--tables", "zoo", "--models", "nonsense"]) == 2
     assert "unknown model" in capsys.readouterr().err
+    assert bench.main(["--tiny", "--tables", "zoo", "--datasets", "criteo,avazu"]) == 2
+    assert "unknown data set(s) ['avazu']; choose from criteo, alibaba" in capsys.readouterr().err
 
 
 def test_models_option_names_zoo_and_deepctr_models():
@@ -199,6 +201,16 @@ def test_models_option_runs_only_the_named_zoo_models(tmp_path):
     results = json.loads(out.read_text())
     assert [row["model"] for row in results["sections"]["zoo"]["rows"]] == ["dlrm"]
     assert results["command"] == "picasso-bench --tiny --tables zoo --models dlrm --out " + str(out) + " --no-report"
+
+
+def test_a_run_on_one_data_set_keeps_the_other_data_sets_rows(tmp_path):
+    out = tmp_path / "r.json"
+    earlier_run = {"command": "picasso-bench --tiny (earlier)", "commit": "0" * 40, "started": "2026-01-01T00:00:00"}
+    earlier_row = {"name": "criteo/lr", "model": "lr", "dataset": "criteo", "error": "kept"}
+    out.write_text(json.dumps({"mode": "tiny", "sections": {"zoo": {"rows": [earlier_row], "run": earlier_run}}}))
+    assert bench.main(["--tiny", "--tables", "zoo", "--datasets", "alibaba", "--out", str(out), "--no-report"]) == 0
+    rows = json.loads(out.read_text())["sections"]["zoo"]["rows"]
+    assert [(row["name"], row.get("run")) for row in rows] == [("criteo/lr", earlier_run), ("alibaba/lr", None)]
 
 
 def test_a_run_of_some_models_keeps_the_other_models_rows_and_names_their_run(tiny_run, tmp_path):

@@ -60,6 +60,8 @@ def build_parser():
     p.add_argument("--tables", default="all",
                    help=f"comma-separated sections to run: {','.join(SECTIONS)} (default: all)")
     p.add_argument("--models", help="comma-separated models of the zoo and deepctr sections (default: the mode's)")
+    p.add_argument("--datasets", help="comma-separated data sets of the zoo section: criteo,alibaba "
+                                      "(default: the mode's)")
     p.add_argument("--out", help="results JSON (default benchmarks/results/<mode>.json)")
     p.add_argument("--docs", default=DEFAULT_DOCS_DIR, help="where --report writes benchmarks.md and PNGs")
     p.add_argument("--report", nargs="?", const="", metavar="JSON",
@@ -205,7 +207,19 @@ def selected_models(text):
     return {field: chosen for field, chosen in fields.items() if chosen}
 
 
-MODEL_SECTIONS = ("zoo", "deepctr")    # the sections --models selects rows of
+def selected_datasets(text):
+    """The Sizes field --datasets sets (the zoo's data sets); {} where it is not given."""
+    if not text:
+        return {}
+    from picasso_tf.tools.benchmarking.sections import ZOO_DATASETS
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in ZOO_DATASETS]
+    if unknown or not names:
+        raise ValueError(f"unknown data set(s) {unknown or [text]}; choose from {', '.join(ZOO_DATASETS)}")
+    return {"zoo_datasets": names}
+
+
+MODEL_SECTIONS = ("zoo", "deepctr")    # the sections --models and --datasets select rows of
 
 
 def run(args, argv):
@@ -213,7 +227,7 @@ def run(args, argv):
     from picasso_tf.tools.benchmarking.sections import RUNNERS
     mode = args.mode or "quick"
     sections = selected_sections(args.tables)
-    models = selected_models(args.models)
+    models = {**selected_models(args.models), **selected_datasets(args.datasets)}
     if args.wait_load:
         wait_for_load(args.wait_load, args.wait_max)
     sizes = dataclasses.replace(SIZES[mode], **models)
@@ -306,8 +320,8 @@ def carry_over(results, previous):
 
 
 def with_other_models(section, previous):
-    """A section run for some models (--models), with the rows of the previous run's other
-    models kept, each marked with the run it comes from, so that a results file can gain
+    """A section run for some models (--models, --datasets), with the rows of the previous
+    run's other models kept, each marked with the run it comes from, so that a results file can gain
     models run by run; the summary is recomputed over all of them."""
     if not previous or not previous.get("rows"):
         return section
@@ -359,6 +373,7 @@ def main(argv=None):
             return 0
         selected_sections(args.tables)
         selected_models(args.models)
+        selected_datasets(args.datasets)
     except (ValueError, FileNotFoundError) as e:
         sys.stderr.write(f"picasso-bench: error: {e}\n")
         return EXIT_USAGE

@@ -34,6 +34,7 @@ from picasso_tf.tools.benchmarking.timing import Variant, in_memory_dataset, mea
 
 SECTIONS = ("packing", "zoo", "auc", "ablation", "ops", "scaling", "hotstorage", "deepctr")
 NOT_BUILT = "not built"
+ZOO_DATASETS = ("criteo", "alibaba")     # the zoo section's data sets (picasso-bench --datasets)
 
 
 @dataclasses.dataclass
@@ -58,7 +59,7 @@ class Sizes:
     stage_repeats: int = 15               # isolated stage timings of the wide_lr step (0: skip)
     # zoo throughput
     zoo_models: Optional[Tuple[str, ...]] = None          # None: every model of the zoo
-    zoo_datasets: Tuple[str, ...] = ("criteo", "alibaba")
+    zoo_datasets: Tuple[str, ...] = ZOO_DATASETS
     zoo_batch: int = 1024
     zoo_rounds: int = 5
     zoo_steps: int = 3
