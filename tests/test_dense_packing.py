@@ -188,16 +188,22 @@ def test_units_that_draw_random_numbers_are_left_alone():
     assert left["units"] == 3 and "RandomUniform" in left["why"] and "random" in left["why"]
 
 
-def test_experts_too_large_to_gain_stand_down_with_the_reason():
-    """Experts whose first layer takes 300 x 64 multiply-adds per example are compute-bound:
-    packed, they would only add copies, so the group stands down and says why (the small
-    experts above, on the same code path, pack)."""
+@pytest.mark.parametrize("inputs", [300, 1200])
+def test_mid_sized_experts_stand_down_with_the_reason_and_large_ones_pack(inputs):
+    """Experts whose first layer takes 300 x 64 multiply-adds per example gain nothing
+    packed (they would only add copies), so the group stands down and says why; at
+    1200 x 64 the one wide product pays again (the small experts above, on the same
+    code path, pack too)."""
     def build():
-        x = tf.keras.Input((300,), name="x")
+        x = tf.keras.Input((inputs,), name="x")
         experts = [tf.keras.layers.Dense(64, activation="relu", name=f"expert_{e}")(x) for e in range(3)]
         return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(tf.concat(experts, 1)))
     _, optimized = twins(build)
     report = dense_packing_report(optimized)
-    assert report["packed"] == []
-    [left] = report["left_alone"]
-    assert left["units"] == 3 and "19,200 multiply-adds per example" in left["why"]
+    if inputs == 300:
+        assert report["packed"] == []
+        [left] = report["left_alone"]
+        assert left["units"] == 3 and "19,200 multiply-adds per example (between 8,192 and 65,536)" in left["why"]
+    else:
+        [packed] = report["packed"]
+        assert packed["units"] == 3 and packed["macs_per_example"] == 76_800

@@ -26,9 +26,9 @@ slower on a CPU than apart, so only products with an operand every unit shares (
 wide product) or per-sample products (already batched) are packed; a stood-down
 group's inner scopes are tried next (an expert's first layer reads the shared
 input). A group also stands down where its units are large: packing saves launches,
-which matter for small units, while a unit whose products take more than
-_LARGE_UNIT_MACS multiply-adds per example runs at full speed apart, and the stacked
-inputs and outputs only add copies. The report lists every group it packed and every
+which matter for small units, and one wide product for large ones, while a
+mid-sized unit (_STAND_DOWN_MACS multiply-adds per example) runs as fast apart, and
+the stacked inputs and outputs only add copies. The report lists every group it packed and every
 group it left alone, with the reason.
 """
 import collections
@@ -42,10 +42,13 @@ from tensorflow.python.ops.parallel_for.control_flow_ops import pfor
 from picasso_tf.graph.graph_def_util import canonical
 
 _PRODUCTS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
-# Per example, a unit's products above this many multiply-adds (a 64 x 128 product)
-# are compute-bound: packing them saves nothing worth its copies. (CAN's co-action
-# units take at most a few thousand; MMoE's experts over a few hundred inputs, more.)
-_LARGE_UNIT_MACS = 64 * 128
+# Per example, units whose products take more than the first and at most the second
+# many multiply-adds stand down: measured, packing them added copies worth more than
+# the launches it saved. Smaller units (CAN's co-action units, a few thousand) pack for
+# the launches; larger ones (MMoE's experts over a couple of thousand inputs) pack
+# into one wide product that runs faster than the experts' narrow ones apart
+# (docs/benchmarks.md, "Dense packing's stand-down").
+_STAND_DOWN_MACS = (64 * 128, 256 * 256)
 # Ops that stay outside a unit: their outputs are the unit's inputs.
 _OUTSIDE = ("Placeholder", "ReadVariableOp", "VarHandleOp", "PlaceholderWithDefault")
 _CONTROL_FLOW = ("While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
@@ -182,9 +185,10 @@ def _why_not_packable(order, units):
             return (f"{op.name[len(template.scope) + 1:]} multiplies each unit's own input by its own weights: "
                     "batched over stacked copies of both it runs slower than the units apart")
     macs = _macs_per_example(template)
-    if macs is not None and macs > _LARGE_UNIT_MACS:
-        return (f"each unit's products take {macs:,} multiply-adds per example (above {_LARGE_UNIT_MACS:,}): "
-                "such units run at full speed apart, and packing them would only add the copies of its "
+    low, high = _STAND_DOWN_MACS
+    if macs is not None and low < macs <= high:
+        return (f"each unit's products take {macs:,} multiply-adds per example (between {low:,} and {high:,}): "
+                "units of that size run as fast apart, and packing them would only add the copies of its "
                 "stacked inputs and outputs")
     members = {op.name: k for k, u in enumerate(units) for op in u.ops}
     for u in units:
