@@ -59,8 +59,9 @@ class Config:
     dense_packing: K-packing of the dense ops a model repeats per field or per expert
       (CAN's co-action units, MMoE's experts, gates and towers): layer calls whose ops
       are the same and independent of each other run as one vectorised computation
-      whose matrix products are batched (equal up to rounding). Units too large to gain
-      (products of over 8,192 multiply-adds per example) stay apart. The report lists
+      whose matrix products are batched (equal up to rounding). Mid-sized units, which
+      measured no gain (products of 8,192 to 65,536 multiply-adds per example), stay
+      apart. The report lists
       what it packed and what it left alone, and why. Off with packing=False too.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into as many groups as their volume is a multiple of
