@@ -198,7 +198,7 @@ def test_mid_sized_experts_stand_down_with_the_reason_and_large_ones_pack(inputs
         x = tf.keras.Input((inputs,), name="x")
         experts = [tf.keras.layers.Dense(64, activation="relu", name=f"expert_{e}")(x) for e in range(3)]
         return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid", name="head")(tf.concat(experts, 1)))
-    _, optimized = twins(build)
+    baseline, optimized = twins(build)
     report = dense_packing_report(optimized)
     if inputs == 300:
         assert report["packed"] == []
@@ -207,3 +207,11 @@ def test_mid_sized_experts_stand_down_with_the_reason_and_large_ones_pack(inputs
     else:
         [packed] = report["packed"]
         assert packed["units"] == 3 and packed["macs_per_example"] == 76_800
+        rng = np.random.default_rng(4)
+        data = [(rng.normal(size=(32, inputs)).astype(np.float32), (rng.random((32, 1)) < 0.5).astype(np.float32))
+                for _ in range(3)]
+        losses, weights = trained(optimized, tf.keras.optimizers.Adagrad(0.05), data)
+        base_losses, base_weights = trained(baseline, tf.keras.optimizers.Adagrad(0.05), data)
+        np.testing.assert_allclose(losses, base_losses, rtol=1e-5, atol=1e-6)
+        for got, want in zip(weights, base_weights):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
