@@ -14,6 +14,7 @@ from picasso_tf.config import Config
 from picasso_tf.distributed.world import check_same_on_every_rank, current_world, mean_over_ranks
 from picasso_tf.graph.analysis import find_embedding_sites
 from picasso_tf.graph.capture import capture, input_signature
+from picasso_tf.graph.common_subexpressions import merge_common_subexpressions
 from picasso_tf.passes.manager import run_passes
 from picasso_tf.passes.statistics import static_accesses, warmup_statistics
 from picasso_tf.program import Program, Statistics
@@ -26,8 +27,10 @@ def compile_program(model, config=None, example_inputs=None, warmup_data=None, s
     of (features, label) batches whose first config.warmup_batches feed the plan."""
     config = config or Config()
     specs = specs if specs is not None else input_signature(model, example_inputs)
-    graphs = {name: capture(model, specs, training=name == "training", check_numerics=config.check_numerics)
-              for name in ("training", "inference")}
+    graphs, merged = {}, {}
+    for name in ("training", "inference"):
+        graph = capture(model, specs, training=name == "training", check_numerics=config.check_numerics)
+        graphs[name], merged[name] = _merged(graph) if config.merge_common_subexpressions else (graph, None)
     analyses = {name: find_embedding_sites(graph) for name, graph in graphs.items()}
     training, analysis = graphs["training"], analyses["training"]
     if warmup_data is not None and config.warmup_batches:
@@ -37,7 +40,19 @@ def compile_program(model, config=None, example_inputs=None, warmup_data=None, s
         statistics = Statistics(static_accesses(training, analysis), {}, "input shapes")
     program = Program(graphs=graphs, analyses=analyses, statistics=agreed_by_ranks(statistics),
                       frozen=frozen_variables(model), initializers=embedding_initializers(model))
-    return run_passes(program, config)
+    program = run_passes(program, config)
+    for name, count in merged.items():
+        program.reports[name]["common_subexpressions_merged"] = count
+    return program
+
+
+def _merged(graph):
+    """The captured graph with its common subexpressions merged, and how many nodes went
+    (picasso_tf.graph.common_subexpressions)."""
+    outputs = graph.output_tensors + graph.mask_tensors + graph.logit_tensors + (
+        [graph.regularization_loss] if graph.regularization_loss else [])
+    graph_def, replacements, count = merge_common_subexpressions(graph.graph_def, outputs)
+    return graph.with_graph(graph_def, replacements, graph.captures), count
 
 
 def agreed_by_ranks(statistics):

@@ -63,6 +63,12 @@ class Config:
       measured no gain (products of 8,192 to 65,536 multiply-adds per example), stay
       apart. The report lists
       what it packed and what it left alone, and why. Off with packing=False too.
+    merge_common_subexpressions: merge identical stateless ops of the captured forward pass
+      (same inputs and attributes) before the step differentiates it, as Grappler does
+      only after the gradient is built: a model that slices the same field out of a
+      stack once per pair of fields (FwFM, DeepFEFM) then builds each slice's
+      stack-sized gradient once, not once per copy (equal up to summation order). The
+      report's common_subexpressions_merged counts the nodes merged.
     shard_heavy_groups: split packed groups whose parameter volume (the paper's Eq. 1,
       CalcVParam) is above average into as many groups as their volume is a multiple of
       the lightest group's, so that the groups, whose kernels run side by side, carry
@@ -236,6 +242,7 @@ class Config:
     sequence_pooling: bool = True
     interactions: bool = True
     dense_packing: bool = True
+    merge_common_subexpressions: bool = True
     shard_heavy_groups: bool = True
     max_shards: int = 4
     warmup_batches: int = 8
