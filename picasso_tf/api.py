@@ -216,6 +216,8 @@ class PicassoInfo:
                          f"left as they were: {len(analysis['left_alone'])}")
             for left in analysis["left_alone"]:
                 lines.append(f"  left alone: {left['table']}: {left['reason']}")
+            if rep.get("common_subexpressions_merged") is not None:
+                lines.append(f"  common subexpressions merged: {rep['common_subexpressions_merged']} nodes")
             for p in rep["passes"]:
                 detail = {k: v for k, v in p.items() if k not in ("pass", "enabled", "plan", "groups")}
                 lines.append(f"  {p['pass']:<13} {'on ' if p['enabled'] else 'off'} {detail if p['enabled'] else ''}")
