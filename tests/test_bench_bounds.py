@@ -95,8 +95,8 @@ def test_every_zoo_cell_has_a_dense_only_bound(name, dataset, datasets):
 
 
 def test_a_regularised_table_keeps_its_penalty_in_the_bound(datasets):
-    """DeepCTR regularises every table (l2_reg_embedding): the bound holds one variable of
-    each table's shape, read only by the table's own regulariser, and trains it."""
+    """DeepCTR regularises every table (l2_reg_embedding): the bound holds, per width, one
+    variable of the tables' rows, read only by their (one) L2 regulariser, and trains it."""
     from picasso_tf.tools.benchmarking import deepctr_models
     data = datasets["criteo"]
     tf.keras.utils.set_random_seed(0)
@@ -108,7 +108,10 @@ def test_a_regularised_table_keeps_its_penalty_in_the_bound(datasets):
 
     bound, width = bm.dense_only(model, tables)
     held = [w for w in bound.trainable_weights if w.name.startswith("table_penalties/")]
-    assert sorted(w.shape.as_list() for w in held) == sorted(t.shape.as_list() for t in penalised)
+    widths = sorted({t.shape[1] for t in penalised})
+    assert sorted(w.shape[1] for w in held) == widths
+    assert {w.shape[1]: w.shape[0] for w in held} == {
+        d: sum(t.shape[0] for t in penalised if t.shape[1] == d) for d in widths}
     assert len(bound.losses) >= len(held)
     bound.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy", run_eagerly=True)
     before = [w.numpy() for w in held]

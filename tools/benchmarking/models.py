@@ -156,10 +156,11 @@ class EmbeddingsGradient(tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable("picasso_bench")
 class TablePenalties(tf.keras.layers.Layer):
-    """The identity on the embeddings input, holding one trained variable per regularised
-    table of the replaced layers, read only by that table's regulariser: the penalty's
-    loss, its dense gradient and the dense update of the whole table are work an exact
-    step does whatever its embedding layer, so the bound keeps them."""
+    """The identity on the embeddings input, holding trained variables read only by the
+    replaced tables' regularisers: the penalty's loss, its dense gradient and the dense
+    update of every row are work an exact step does whatever its embedding layer, so the
+    bound keeps them. Tables of one width under one Keras L1/L2 regulariser share one
+    variable (those penalties sum over elements): the fewest ops that work takes."""
 
     def __init__(self, tables=(), **kwargs):
         super().__init__(**kwargs)
@@ -177,17 +178,27 @@ class TablePenalties(tf.keras.layers.Layer):
         return {**super().get_config(), "tables": self.tables}
 
 
+_ADDITIVE_REGULARIZERS = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
+
+
 def _penalised_tables(sites):
     """TablePenalties specs of the replaced layers' regularised tables (Keras' Embedding
     and any layer holding its table as `embeddings` with an `embeddings_regularizer`)."""
-    out = []
+    grouped, single = {}, []
     for layer in sites.values():
         regularizer = getattr(layer, "embeddings_regularizer", None)
         table = getattr(layer, "embeddings", None)
-        if regularizer is not None and table is not None:
-            out.append({"name": f"{layer.name}_penalty", "shape": table.shape.as_list(),
-                        "regularizer": tf.keras.regularizers.serialize(regularizer)})
-    return out
+        if regularizer is None or table is None:
+            continue
+        rows, dim = table.shape.as_list()
+        config = tf.keras.regularizers.serialize(regularizer)
+        if type(regularizer) in _ADDITIVE_REGULARIZERS:
+            key = (dim, repr(config))
+            grouped.setdefault(key, {"name": f"penalty_d{dim}_{len(grouped)}", "shape": [0, dim],
+                                     "regularizer": config})["shape"][0] += rows
+        else:
+            single.append({"name": f"{layer.name}_penalty", "shape": [rows, dim], "regularizer": config})
+    return list(grouped.values()) + single
 
 
 def _is_keras_tensor(x):
