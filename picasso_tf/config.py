@@ -64,7 +64,8 @@ class Config:
       apart. The report lists
       what it packed and what it left alone, and why. Off with packing=False too.
     merge_common_subexpressions: merge identical stateless ops of the captured forward pass
-      (same inputs and attributes) before the step differentiates it, as Grappler does
+      (same name scope, inputs and attributes; constants compared by value, never moved)
+      before the step differentiates it, as Grappler does
       only after the gradient is built: a model that slices the same field out of a
       stack once per pair of fields (FwFM, DeepFEFM) then builds each slice's
       stack-sized gradient once, not once per copy (equal up to summation order). The

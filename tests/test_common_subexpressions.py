@@ -22,15 +22,22 @@ def test_identical_pure_ops_merge_and_stateful_ops_and_placeholders_do_not():
         first = tf.reshape(a[:, 1:2], [-1]) * 2.0
         second = tf.reshape(a[:, 1:2], [-1]) * 2.0          # the same ops again: merges
         noise = tf.random.uniform([3]) + tf.random.uniform([3])   # stateful: both draws stay
-        return first + second, a + b, noise
+        scoped = []
+        for scope in ("unit_0", "unit_1"):        # the same op in two layers' scopes: both stay
+            with tf.name_scope(scope):
+                scoped.append(a * 3.0)
+        return first + second, a + b, noise, scoped[0] - scoped[1]
 
     graph = f.get_concrete_function(tf.TensorSpec([None, 3]), tf.TensorSpec([None, 3])).graph
     graph_def = graph.as_graph_def()
     outputs = [t.name for t in graph.outputs]
     merged, replacements, count = merge_common_subexpressions(graph_def, outputs)
     ops = [n.op for n in merged.node]
-    assert ops.count("StridedSlice") == 1 and ops.count("Mul") == 1 and ops.count("Reshape") == 1
+    assert ops.count("StridedSlice") == 1 and ops.count("Reshape") == 1
+    assert ops.count("Mul") == 3                  # the two copies merged, the two scoped ones not
     assert ops.count("RandomUniform") == 2 and ops.count("Placeholder") == 2
+    # Constants are compared by value, never merged: each stays in its own scope.
+    assert ops.count("Const") == [n.op for n in graph_def.node].count("Const")
     assert count == sum(1 for n in graph_def.node) - len(merged.node)
     a = np.arange(6, dtype="float32").reshape(2, 3)
     outputs = [replacements.get(t, t) for t in outputs]

@@ -103,8 +103,11 @@ def test_tape_options_inputs_and_persistence_give_the_plain_model_s_gradients():
     (expected, expected_input, expected_kernel), (got, got_input, got_kernel) = gradients(plain), gradients(wrapped)
     # Only the watched kernel has a gradient, as for the plain model.
     assert [g is None for g in got] == [g is None for g in expected] and sum(g is not None for g in got) == 1
-    np.testing.assert_allclose(got_input, expected_input, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(got_kernel, expected_kernel, rtol=1e-6, atol=1e-9)
+    # The project's tolerance: the fused kernels sum in another order than Keras' ops, and
+    # how far that moves a float32 sum depends on the CPU's vector width (one element of
+    # the kernel's gradient differs by 3e-6 relative on an AVX2-only CPU).
+    np.testing.assert_allclose(got_input, expected_input, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(got_kernel, expected_kernel, rtol=1e-5, atol=1e-9)
 
 
 def test_frozen_tables_and_constraints_keep_their_meaning_in_a_tape_loop():

@@ -8,9 +8,12 @@ filled in, and the step sums them all. Merged before differentiation, the copies
 gradients are summed first (field-sized) and the stack-sized gradient is built once per
 distinct slice. The values are the same: identical pure ops on identical inputs.
 
-Only stateless, registered ops with the same inputs, control inputs, device and attributes
-merge; sources other than constants (placeholders), v1 control flow and ops that call
-functions never do.
+Only stateless, registered ops in the same name scope with the same inputs, control
+inputs, device and attributes merge; sources (placeholders, constants), v1 control flow
+and ops that call functions never do. A constant input counts by its value, so two
+slices with equal bounds merge. An op never moves to another scope: the passes that
+match repeated layer calls by their name scopes (dense packing) would find the copy
+that kept it different from the copies that read it.
 """
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
@@ -29,11 +32,12 @@ def merge_common_subexpressions(graph_def, read_tensors=()):
     order = _topological(graph_def)
     if order is None:
         return graph_def, {}, 0
+    constants = {n.name: _constant_value(n) for n in order if n.op == "Const"}
     survivors, replacements, removed = {}, {}, {}
     for node in order:
         if not _mergeable(node):
             continue
-        key = _key(node, removed)
+        key = _key(node, removed, constants)
         kept = survivors.setdefault(key, node.name)
         if kept != node.name:
             removed[node.name] = kept
@@ -57,9 +61,7 @@ def merge_common_subexpressions(graph_def, read_tensors=()):
 
 
 def _mergeable(node):
-    if node.op in _NEVER_MERGED:
-        return False
-    if node.op != "Const" and not any(not i.startswith("^") for i in node.input):
+    if node.op in _NEVER_MERGED or not any(not i.startswith("^") for i in node.input):
         return False
     op = op_def_registry.get(node.op)
     if op is None or op.is_stateful:
@@ -67,12 +69,18 @@ def _mergeable(node):
     return not any(value.HasField("func") or len(value.list.func) for value in node.attr.values())
 
 
-def _key(node, removed):
+def _constant_value(node):
+    """What a Const node computes: its dtype and value, with its device."""
+    return ("Const", node.device, node.attr["dtype"].SerializeToString(deterministic=True),
+            node.attr["value"].SerializeToString(deterministic=True))
+
+
+def _key(node, removed, constants):
     attrs = tuple(sorted((k, v.SerializeToString(deterministic=True)) for k, v in node.attr.items()))
     inputs = _renamed_inputs(node, removed)
-    data = tuple(i for i in inputs if not i.startswith("^"))
+    data = tuple(constants.get(split_tensor_name(i)[0], i) for i in inputs if not i.startswith("^"))
     controls = tuple(sorted(i for i in inputs if i.startswith("^")))
-    return node.op, node.device, data, controls, attrs
+    return node.name.rpartition("/")[0], node.op, node.device, data, controls, attrs
 
 
 def _renamed_inputs(node, removed):
