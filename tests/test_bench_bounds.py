@@ -92,30 +92,3 @@ def test_every_zoo_cell_has_a_dense_only_bound(name, dataset, datasets):
     # The loss reaches the embeddings the model uses: they take a gradient (not every input:
     # a masked sequence position, or one behind a ReLU that is off for the whole batch).
     assert np.mean(np.concatenate([w.numpy().ravel() for w in gradients]) != 0) > 0.5
-
-
-def test_a_regularised_table_keeps_its_penalty_in_the_bound(datasets):
-    """DeepCTR regularises every table (l2_reg_embedding): the bound holds, per width, one
-    variable of the tables' rows, read only by their (one) L2 regulariser, and trains it."""
-    from picasso_tf.tools.benchmarking import deepctr_models
-    data = datasets["criteo"]
-    tf.keras.utils.set_random_seed(0)
-    model = deepctr_models.build("DeepFM", data.schema, 50)
-    tables = list(find_embedding_sites(capture(model, input_signature(model), training=True)).tables.values())
-    penalised = [t for t in tables if any(layer.embeddings is t and layer.embeddings_regularizer is not None
-                                          for layer in model.layers if hasattr(layer, "embeddings"))]
-    assert penalised
-
-    bound, width = bm.dense_only(model, tables)
-    held = [w for w in bound.trainable_weights if w.name.startswith("table_penalties/")]
-    widths = sorted({t.shape[1] for t in penalised})
-    assert sorted(w.shape[1] for w in held) == widths
-    assert {w.shape[1]: w.shape[0] for w in held} == {
-        d: sum(t.shape[0] for t in penalised if t.shape[1] == d) for d in widths}
-    assert len(bound.losses) >= len(held)
-    bound.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy", run_eagerly=True)
-    before = [w.numpy() for w in held]
-    x, y = bm.bound_batches(bound, width, bm.batches(data, model, ROWS, 1))[0]
-    assert np.isfinite(bound.train_on_batch(x, y))
-    # The penalty's gradient moves every row of every held table.
-    assert all(np.all(w.numpy() != b) for w, b in zip(held, before))

@@ -80,8 +80,7 @@ def run(sizes, progress):
         f"{EMBEDDING_DIM}; DenseFeat dim 1. Columns (linear, dnn) = (all, all) except PNN and MLR (one list), "
         "AFM and CCPM (dnn: sparse only; they refuse DenseFeat there), EDCN (sparse only: it builds its inputs "
         f"from the dnn columns); FLEN's field groups are the 26 fields in {FLEN_GROUPS} runs. Adagrad(0.01) for "
-        "all. The bound keeps the embeddings' regularisers: each regularised table a variable read only by "
-        "its penalty, updated whole every step, as an exact step must.")
+        "all. The bound drops the embeddings' regularisers with the embedding layers.")
     return out
 
 

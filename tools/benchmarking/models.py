@@ -15,12 +15,9 @@ stays in the bound with its dense computation, called with each gather from its 
 bound's step computes the loss's gradient with respect to the lookups' outputs, as the
 step of any model whose tables train must (it is the dense part's backward, not the
 embedding layer's), and then sums it over the batch (per slice: a gradient taken of
-the whole input would scatter every slice's into a zero tensor of the input's width). A
-replaced table with a regulariser (DeepCTR's default) keeps a variable of its shape read
-only by that regulariser (TablePenalties): an exact step pays for the penalty and the
-whole table's dense update whatever its embedding layer. The result times the dense part
-alone: the throughput a perfect embedding layer would leave. It cannot be built
-(NotGeneric, with the reason) when a table is held outside the model's layers, when a table in such a mixed layer is read
+the whole input would scatter every slice's into a zero tensor of the input's width). The
+result times the dense part alone: the throughput a perfect embedding layer would leave. It cannot be built (NotGeneric, with the reason) when a
+table is held outside the model's layers, when a table in such a mixed layer is read
 other than by a gather, or when a lookup's output is not one static block per example.
 """
 import contextlib
@@ -152,53 +149,6 @@ class EmbeddingsGradient(tf.keras.layers.Layer):
 
     def call(self, x):
         return x + self.gradient
-
-
-@tf.keras.utils.register_keras_serializable("picasso_bench")
-class TablePenalties(tf.keras.layers.Layer):
-    """The identity on the embeddings input, holding trained variables read only by the
-    replaced tables' regularisers: the penalty's loss, its dense gradient and the dense
-    update of every row are work an exact step does whatever its embedding layer, so the
-    bound keeps them. Tables of one width under one Keras L1/L2 regulariser share one
-    variable (those penalties sum over elements): the fewest ops that work takes."""
-
-    def __init__(self, tables=(), **kwargs):
-        super().__init__(**kwargs)
-        self.tables = [dict(t) for t in tables]     # {"name", "shape", "regularizer"} (serialised)
-
-    def build(self, shape):
-        for t in self.tables:
-            self.add_weight(t["name"], t["shape"], initializer="random_uniform",
-                            regularizer=tf.keras.regularizers.get(t["regularizer"]))
-
-    def call(self, x):
-        return x
-
-    def get_config(self):
-        return {**super().get_config(), "tables": self.tables}
-
-
-_ADDITIVE_REGULARIZERS = (tf.keras.regularizers.L1, tf.keras.regularizers.L2, tf.keras.regularizers.L1L2)
-
-
-def _penalised_tables(sites):
-    """TablePenalties specs of the replaced layers' regularised tables (Keras' Embedding
-    and any layer holding its table as `embeddings` with an `embeddings_regularizer`)."""
-    grouped, single = {}, []
-    for layer in sites.values():
-        regularizer = getattr(layer, "embeddings_regularizer", None)
-        table = getattr(layer, "embeddings", None)
-        if regularizer is None or table is None:
-            continue
-        rows, dim = table.shape.as_list()
-        config = tf.keras.regularizers.serialize(regularizer)
-        if type(regularizer) in _ADDITIVE_REGULARIZERS:
-            key = (dim, repr(config))
-            grouped.setdefault(key, {"name": f"penalty_d{dim}_{len(grouped)}", "shape": [0, dim],
-                                     "regularizer": config})["shape"][0] += rows
-        else:
-            single.append({"name": f"{layer.name}_penalty", "shape": [rows, dim], "regularizer": config})
-    return list(grouped.values()) + single
 
 
 def _is_keras_tensor(x):
@@ -370,9 +320,7 @@ def _lookup_width(model, sites, mixed):
 def _rebuild_with_width(model, sites, mixed, gathers, width):
     """The same construction as dense_only with the embeddings input at its real width
     (the width is only known after a first pass over the graph)."""
-    inputs_layer = tf.keras.Input((width,), name=EMBEDDINGS)
-    penalised = _penalised_tables(sites)
-    emb_input = TablePenalties(penalised, name="table_penalties")(inputs_layer) if penalised else inputs_layer
+    emb_input = tf.keras.Input((width,), name=EMBEDDINGS)
     state = {"next": 0}
     new_inputs, memo, count = {}, {}, [0]
 
@@ -434,7 +382,7 @@ def _rebuild_with_width(model, sites, mixed, gathers, width):
         return v.tensor
 
     outputs = tf.nest.map_structure(lambda t: materialize(value(t)), model.outputs)
-    inputs = {EMBEDDINGS: inputs_layer, **new_inputs}
+    inputs = {EMBEDDINGS: emb_input, **new_inputs}
     return tf.keras.Model(inputs, outputs, name=f"{model.name}_dense_only")
 
 
