@@ -15,10 +15,9 @@ slices with equal bounds merge. An op never moves to another scope: the passes t
 match repeated layer calls by their name scopes (dense packing) would find the copy
 that kept it different from the copies that read it.
 """
-from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
-from picasso_tf.graph.graph_def_util import canonical, drop_stale_colocations, split_tensor_name, tensor_name
+from picasso_tf.graph.graph_def_util import canonical, rewire, split_tensor_name, tensor_name
 
 _NEVER_MERGED = frozenset({"Placeholder", "PlaceholderWithDefault", "Enter", "Exit", "NextIteration", "Merge",
                            "Switch", "LoopCond", "ControlTrigger", "NoOp"})
@@ -43,21 +42,11 @@ def merge_common_subexpressions(graph_def, read_tensors=()):
             removed[node.name] = kept
     if not removed:
         return graph_def, {}, 0
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.library.CopyFrom(graph_def.library)
-    for node in graph_def.node:
-        if node.name in removed:
-            continue
-        new = out.node.add()
-        new.CopyFrom(node)
-        del new.input[:]
-        new.input.extend(_renamed_inputs(node, removed))
     read = [i for n in graph_def.node for i in n.input] + list(read_tensors)
     for src, index in map(split_tensor_name, read):
         if src in removed and index >= 0:
             replacements[tensor_name(src, index)] = tensor_name(removed[src], index)
-    return drop_stale_colocations(out), replacements, len(removed)
+    return rewire(graph_def, replacements, removed, control_replacement=removed), replacements, len(removed)
 
 
 def _mergeable(node):

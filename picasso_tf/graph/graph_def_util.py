@@ -59,7 +59,8 @@ class GraphIndex:
 def rewire(graph_def, replacements, removed_nodes, control_replacement=None):
     """Returns a copy of graph_def where every data input named in `replacements`
     (tensor -> tensor) is redirected, nodes in `removed_nodes` are dropped, and control
-    inputs on removed nodes point at `control_replacement` (or are dropped)."""
+    inputs on removed nodes point at `control_replacement` (a node name, or a dict
+    {removed node: node}; None drops them)."""
     replacements = {canonical(k): v for k, v in replacements.items()}
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
@@ -77,7 +78,8 @@ def rewire(graph_def, replacements, removed_nodes, control_replacement=None):
                 if src in removed_nodes:
                     if control_replacement is None:
                         continue
-                    src = control_replacement
+                    src = (control_replacement[src] if isinstance(control_replacement, dict)
+                           else control_replacement)
                 if src not in seen_control:
                     seen_control.add(src)
                     new.input.append("^" + src)
