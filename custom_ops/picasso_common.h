@@ -86,10 +86,13 @@ inline tensorflow::Status CheckColumnsFilled(const char* op,
 // Calls fn(std::integral_constant<int64_t, kD>()) with kD = d for the usual embedding
 // widths and kD = 0 for others. Row helpers take kD as a template argument: with kD > 0
 // their loops have a compile-time trip count and unroll into a few vector
-// instructions; with kD = 0 they loop over the run-time width d.
+// instructions; with kD = 0 they loop over the run-time width d. Width 1 (the linear
+// part's tables of wide and logistic models) is a case of its own: there a run-time
+// loop, or a memcpy call, costs more than the value it moves.
 template <typename Fn>
 decltype(auto) DispatchDim(int64_t d, const Fn& fn) {
   switch (d) {
+    case 1: return fn(std::integral_constant<int64_t, 1>());
     case 4: return fn(std::integral_constant<int64_t, 4>());
     case 8: return fn(std::integral_constant<int64_t, 8>());
     case 16: return fn(std::integral_constant<int64_t, 16>());
