@@ -19,6 +19,9 @@ from picasso_tf.api import PicassoModel, optimize
 from picasso_tf.compiler import compile_program as compile  # noqa: A001 (picasso_tf.compile, as the docs say)
 from picasso_tf.config import Config
 from picasso_tf.profiling.profile import profile
+from picasso_tf.runtime.autograph import leave_picasso_tf_unconverted
+
+leave_picasso_tf_unconverted()
 
 __version__ = "0.1.0"
 __all__ = ["optimize", "compile", "Config", "PicassoModel", "profile"]

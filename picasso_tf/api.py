@@ -464,7 +464,6 @@ class PicassoModel(tf.keras.Model):
                 for loss in [regularizer()] if loss is not None]
 
     # -- a model's own steps (picasso_tf.keras_steps) --------------------------------------
-    # (Keras' steps are named, not reached by super(): autograph converts these methods.)
     def _bound_original(self):
         """The original model bound to this one for one of its own steps."""
         def rewritten_call(inputs, training=None, **_):
