@@ -196,6 +196,12 @@ def cross_entropy_unless_empty(y, y_pred):
     return tf.zeros_like(y[:, 0])
 
 
+def test_autograph_leaves_picasso_tf_alone_as_it_leaves_keras_and_converts_the_user_s_code():
+    from tensorflow.python.autograph.impl.conversion import is_allowlisted
+    assert is_allowlisted(picasso.PicassoModel.train_step) and is_allowlisted(tf.keras.Model.train_step)
+    assert not is_allowlisted(cross_entropy_unless_empty) and not is_allowlisted(OwnTestStep.test_step)
+
+
 def build_tower(cls):
     model = cls()
     model(next(batches())[0])
