@@ -60,7 +60,7 @@ import tensorflow as tf
 from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hybrid_hash import FetchPlan, apply_to_table, check_hash_optimizer, table_update
-from picasso_tf.embedding.row_keys import positions_of, raw_key_owner
+from picasso_tf.embedding.row_keys import positions_of, raw_key_owner, select_rows
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.ops.hybrid_hash import HashTable
 
@@ -505,13 +505,13 @@ class ExactCounts:
     def count(self, unique, counts, candidates, step):
         """Each of the distinct keys `unique`'s count, after adding `counts` (this batch's
         lookups) for those `candidates` (the keys without a row)."""
-        keys = tf.repeat(tf.boolean_mask(unique, candidates), tf.boolean_mask(counts, candidates))
+        keys = tf.repeat(*select_rows(candidates, unique, counts))
         with tf.control_dependencies([self.table.find_or_insert(keys, step)]):
             return self.table.counts(unique)
 
     def forget(self, unique, admitted):
         """Drops the counts of the keys just `admitted` (a mask of `unique`): they have rows now."""
-        return self.table.erase(tf.boolean_mask(unique, admitted))
+        return self.table.erase(select_rows(admitted, unique))
 
 
 class BloomCounts:

@@ -22,6 +22,7 @@ search; the rows sit at the same positions.
 """
 import tensorflow as tf
 
+from picasso_tf.embedding.row_keys import select_rows
 from picasso_tf.errors import HotTierTooLargeError
 from picasso_tf.ops import sparse_apply
 
@@ -99,7 +100,7 @@ class HotTier:
         """Counts one lookup of each hot key among the step's distinct `keys` (the cold
         tier counts the others; `hit` None: every key is hot) and the step's hits;
         returns the op."""
-        hot = position if hit is None else tf.boolean_mask(position, hit)
+        hot = position if hit is None else select_rows(hit, position)
         return tf.group(self.counts.scatter_add(tf.IndexedSlices(tf.ones_like(hot, tf.int64), hot)),
                         self.hits.assign_add(tf.size(hot, out_type=tf.int64)),
                         self.lookups.assign_add(tf.size(keys, out_type=tf.int64)))
@@ -119,22 +120,21 @@ class HotTier:
     def current(self, keys, values, slots, counts):
         """The cold tier's export (sorted keys, values, slots [num_slots, n, dim], counts)
         with the hot keys' rows, slots and counts in place of their stale copies."""
-        held = tf.not_equal(self.keys, EMPTY)
-        at = tf.searchsorted(keys, tf.boolean_mask(self.keys, held))[:, None]
-        return (tf.tensor_scatter_nd_update(values, at, tf.boolean_mask(self.rows, held)),
-                tf.stack([tf.tensor_scatter_nd_update(slots[s], at, tf.boolean_mask(mine, held))
-                          for s, mine in enumerate(self.slots)]),
-                tf.tensor_scatter_nd_add(counts, at, tf.boolean_mask(self.counts, held)))
+        held_keys, rows, held_counts, *held_slots = select_rows(tf.not_equal(self.keys, EMPTY), self.keys, self.rows,
+                                                                self.counts, *self.slots)
+        at = tf.searchsorted(keys, held_keys)[:, None]
+        return (tf.tensor_scatter_nd_update(values, at, rows),
+                tf.stack([tf.tensor_scatter_nd_update(slots[s], at, mine) for s, mine in enumerate(held_slots)]),
+                tf.tensor_scatter_nd_add(counts, at, held_counts))
 
     def write_back(self, table):
         """Writes the held rows and slots into `table` (the cold tier, a HashTable that
         holds their keys), and moves the lookups counted here into its counts (so a
         second write_back adds none), so that the table is current; returns the op.
         Only the tier's rows move."""
-        held = tf.not_equal(self.keys, EMPTY)
-        written = table.write(tf.boolean_mask(self.keys, held), tf.boolean_mask(self.rows, held),
-                              tf.stack([tf.boolean_mask(s, held) for s in self.slots]),
-                              tf.boolean_mask(self.counts, held))
+        held_keys, rows, held_counts, *held_slots = select_rows(tf.not_equal(self.keys, EMPTY), self.keys, self.rows,
+                                                                self.counts, *self.slots)
+        written = table.write(held_keys, rows, tf.stack(held_slots), held_counts)
         with tf.control_dependencies([written]):
             return self.counts.assign(tf.zeros([self.capacity], tf.int64)).op
 

@@ -32,7 +32,8 @@ import tensorflow as tf
 from picasso_tf.distributed.checkpoint import refused_on_save, restore_with_numpy
 from picasso_tf.distributed.world import World, hvd
 from picasso_tf.embedding.hot_tier import HotTier, hot_rows_of
-from picasso_tf.embedding.row_keys import ID_BITS, ID_MASK, keys_of, positions_of, row_id, table_number
+from picasso_tf.embedding.row_keys import (ID_BITS, ID_MASK, keys_of, positions_of, row_id, select_rows,
+                                          table_number)
 from picasso_tf.embedding.sharded import rank_major_order
 from picasso_tf.embedding.storage import EmbeddingStorage
 from picasso_tf.errors import UnsupportedModelError
@@ -176,10 +177,8 @@ class HybridHashTables(EmbeddingStorage):
         cold_keys, cold_grads, applied = keys, row_grads, []
         if self.hot is not None:
             hit, position = self.hot.locate(keys)
-            applied.append(self._apply_hot(tf.boolean_mask(position, hit), tf.boolean_mask(row_grads, hit),
-                                           iteration))
-            miss = tf.logical_not(hit)
-            cold_keys, cold_grads = tf.boolean_mask(keys, miss), tf.boolean_mask(row_grads, miss)
+            applied.append(self._apply_hot(*select_rows(hit, position, row_grads), iteration))
+            cold_keys, cold_grads = select_rows(tf.logical_not(hit), keys, row_grads)
         applied.append(apply_to_table(self.table, table_update(self.optimizer, self.layout, iteration),
                                       cold_keys, cold_grads, self.optimizer.changes_only_gradient_rows(False)))
         with tf.control_dependencies(applied):
@@ -495,9 +494,9 @@ class LookedUpIds:
             if not own or storage.kind != HybridHashTables.kind:
                 continue        # a dynamic vocabulary has no hot tier to choose
             keys = tf.unique(keys_of(storage.layout, own, 0, self.check_ids)[0])[0]
-            member = table_number(keys)
+            member, ids = table_number(keys), row_id(keys)
             for m in sorted({x.member for x, _ in own}):
-                self.ids[storage.layout.members[m].name] = tf.boolean_mask(row_id(keys), tf.equal(member, m))
+                self.ids[storage.layout.members[m].name] = select_rows(tf.equal(member, m), ids)
         return rows, [ids for _, ids in requests]
 
 
