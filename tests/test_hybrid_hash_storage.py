@@ -75,8 +75,9 @@ def read_in_place(optimizer, steps):
                          [("adagrad", "no hot tier"), ("adagrad", "all hot"), ("adam (exact)", "no hot tier"),
                           ("adam (exact)", "all hot")])
 def test_trains_bit_for_bit_as_the_tables_read_in_place(optimizer, hot):
-    """100 steps (14 refreshes of the small tier); without the stitched projection (which projects the fetched rows in
-    another order) losses, every weight and the optimizer's slots are identical."""
+    """100 steps (14 refreshes of the small tier); without the stitched projection
+    (which projects the fetched rows in another order) losses, every weight and the
+    optimizer's slots are identical."""
     steps = 100
     model = hashed(projection=False, **ADAM.get(optimizer, {}), **HOT_TIERS[hot])
     losses = train(model, batches(steps, seed=3), make_optimizer(optimizer))

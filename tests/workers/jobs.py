@@ -5,8 +5,9 @@
 
 JOBS_JSON lists {"out", "worker", "args"}: each job is `worker`.main([out, *args]), run
 from the directory of JOBS_JSON. After each, every rank writes status/OUT.rankR.json there:
-{"error": null, or the traceback of what the job raised, "seconds": its wall time}, and goes on with the next
-job. The ranks meet between jobs, so that a job may read what an earlier one wrote.
+{"error": null, or the traceback of what the job raised, "seconds": its wall time}, and
+goes on with the next job. The ranks meet between jobs, so that a job may read what an
+earlier one wrote.
 """
 import importlib
 import json
