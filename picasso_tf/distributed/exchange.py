@@ -50,6 +50,7 @@ kernels only once no rank reported one. A training step with no exchanged group 
 ids' AllToAllv: its in-place ids are reported in its gradients' Allreduce instead
 (reported_ids.py).
 """
+import numpy as np
 import tensorflow as tf
 
 from picasso_tf.distributed.wire import alltoall_rows
@@ -60,7 +61,7 @@ from picasso_tf.embedding.row_keys import (ID_BITS, check_table_count, first_inv
                                            keys_of_ids, pairs, positions_of, raw_key_owner, row_id, table_number,
                                            widened)
 from picasso_tf.embedding.sharded import RowShardedTables
-from picasso_tf.ops.packed_lookup import packed_lookup
+from picasso_tf.ops.packed_lookup import packed_lookup, packed_unique
 from picasso_tf.ops.read_tables import read_tables
 
 
@@ -158,8 +159,11 @@ class RowExchange:
                 bad = first_invalid([storage.layout.members[x.member].rows for x, _ in requests], flat)
                 # Such a batch is reported instead of sent (fetch): its ids need only find an owner.
                 flat = tf.cond(bad[0], lambda: [tf.zeros_like(f) for f in flat], lambda: flat)
-            keys, sizes = keys_of_ids(requests, flat, self.first_table[storage.name]), [tf.size(f) for f in flat]
-            unique, index = tf.unique(keys)
+            sizes = [tf.size(f) for f in flat]
+            if storage.kind == RowShardedTables.kind and self.check_ids:
+                unique, index = self._distinct_rows(storage, requests, flat)
+            else:
+                unique, index = tf.unique(keys_of_ids(requests, flat, self.first_table[storage.name]))
             if storage.kind == RowShardedTables.kind:
                 owner = tf.cast(row_id(unique) // tf.gather(self.block_of_table, table_number(unique)), tf.int32)
             else:
@@ -172,6 +176,25 @@ class RowExchange:
         place = tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)
         counts = tf.stack([tf.shape(part)[0] for part in by_owner])
         return by_owner, positions_of(requests, place, sizes), counts, bad
+
+    def _distinct_rows(self, storage, requests, flat):
+        """A row-sharded group's distinct keys (ascending) and each id's index among them,
+        requests after one another, from the fused kernels' grouping of rows (a byte map
+        over the group's rows where they are few per id, else a radix sort), which costs
+        less than tf.unique's hash map (a third of it on small tables). The order of the keys changes
+        no value: every sum over an id's contributions keeps the ids' order. The ids must
+        be checked first: here an id beyond its table would read the next one's rows."""
+        rows = [m.rows for m in storage.layout.members]
+        starts = np.cumsum([0] + rows[:-1])         # each member's first row among the group's
+        packed = tf.concat([ids + int(starts[x.member]) for (x, _), ids in zip(requests, flat)], 0)
+        distinct, (index,), _ = packed_unique([packed], offsets=[0], vocab_sizes=[sum(rows)],
+                                              feature_names=[storage.name])
+        starts = tf.constant(starts, tf.int64)
+        member = tf.searchsorted(starts, distinct, side="right") - 1
+        table = tf.cast(member, tf.int64) + self.first_table[storage.name]
+        key = tf.bitwise.bitwise_or(tf.bitwise.left_shift(table, tf.constant(ID_BITS, tf.int64)),
+                                    distinct - tf.gather(starts, member))
+        return key, index
 
     def _reported(self, invalid, send, send_splits):
         """The ids' buffer and splits as they are, or, where an id of this rank's batch
@@ -269,8 +292,33 @@ class RowExchange:
             if self.training:
                 self.log.record(storage, keys, distinct_rows, None)
             return rows
-        unique, index = tf.unique(tf.gather(received, entries))
+        keys = tf.gather(received, entries)
+        if storage.kind == RowShardedTables.kind and self.check_ids:
+            return self._served_from_shards(storage, keys)
+        unique, index = tf.unique(keys)
         return tf.gather(self._lookup(storage, unique), index)
+
+    def _served_from_shards(self, storage, keys):
+        """The rows of a row-sharded group's received keys, in their order: the keys
+        become rows of this rank's shards laid end to end, deduplicated by the fused
+        kernels' grouping of rows (as _distinct_rows) and so ascending, member after
+        member, which one lookup per member reads in that order. Every key is then
+        within this rank's block of its table (the requesters checked the ids)."""
+        shards = storage.variables()
+        held = [int(v.shape[0]) for v in shards]
+        starts = np.cumsum([0] + held)                  # each shard's first row among them; then the total
+        table = table_number(keys)
+        shard_row = (row_id(keys) - tf.gather(self.first_row_of_table, table)
+                     + tf.gather(tf.constant(starts[:-1], tf.int64), tf.gather(self.member_of_table, table)))
+        distinct, (index,), _ = packed_unique([shard_row], offsets=[0], vocab_sizes=[int(starts[-1])],
+                                              feature_names=[storage.name])
+        ends = tf.searchsorted(distinct, tf.constant(starts[1:], tf.int64))
+        counts = ends - tf.concat([[0], ends[:-1]], 0)
+        ids = [part - int(start) for part, start in zip(tf.split(distinct, counts, num=len(held)), starts)]
+        rows = packed_lookup(read_tables([v.handle for v in shards], storage.layout.dtype), ids,
+                             offsets=[0] * len(held), vocab_sizes=held, combiners=["none"] * len(held),
+                             feature_names=[m.name for m in storage.layout.members], table_index=list(range(len(held))))
+        return tf.gather(tf.concat(rows, 0), index)
 
     def _capacity_checks(self, vocabularies):
         """The ops refusing a training step in which any rank owns more distinct keys of a
