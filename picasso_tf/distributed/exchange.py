@@ -181,9 +181,11 @@ class RowExchange:
         """A row-sharded group's distinct keys (ascending) and each id's index among them,
         requests after one another, from the fused kernels' grouping of rows (a byte map
         over the group's rows where they are few per id, else a radix sort), which costs
-        less than tf.unique's hash map (a third of it on small tables). The order of the keys changes
-        no value: every sum over an id's contributions keeps the ids' order. The ids must
-        be checked first: here an id beyond its table would read the next one's rows."""
+        less than tf.unique's hash map (a third of it on small tables). The order of the
+        keys changes no value: every sum over an id's contributions keeps the ids' order.
+        The ids must be checked first: here an id beyond its table would read the next
+        one's rows. (The owner keeps tf.unique: grouping there by shard row needs a
+        lookup per member and a concatenation whose gradient costs more than it saves.)"""
         rows = [m.rows for m in storage.layout.members]
         starts = np.cumsum([0] + rows[:-1])         # each member's first row among the group's
         packed = tf.concat([ids + int(starts[x.member]) for (x, _), ids in zip(requests, flat)], 0)
@@ -292,33 +294,8 @@ class RowExchange:
             if self.training:
                 self.log.record(storage, keys, distinct_rows, None)
             return rows
-        keys = tf.gather(received, entries)
-        if storage.kind == RowShardedTables.kind and self.check_ids:
-            return self._served_from_shards(storage, keys)
-        unique, index = tf.unique(keys)
+        unique, index = tf.unique(tf.gather(received, entries))
         return tf.gather(self._lookup(storage, unique), index)
-
-    def _served_from_shards(self, storage, keys):
-        """The rows of a row-sharded group's received keys, in their order: the keys
-        become rows of this rank's shards laid end to end, deduplicated by the fused
-        kernels' grouping of rows (as _distinct_rows) and so ascending, member after
-        member, which one lookup per member reads in that order. Every key is then
-        within this rank's block of its table (the requesters checked the ids)."""
-        shards = storage.variables()
-        held = [int(v.shape[0]) for v in shards]
-        starts = np.cumsum([0] + held)                  # each shard's first row among them; then the total
-        table = table_number(keys)
-        shard_row = (row_id(keys) - tf.gather(self.first_row_of_table, table)
-                     + tf.gather(tf.constant(starts[:-1], tf.int64), tf.gather(self.member_of_table, table)))
-        distinct, (index,), _ = packed_unique([shard_row], offsets=[0], vocab_sizes=[int(starts[-1])],
-                                              feature_names=[storage.name])
-        ends = tf.searchsorted(distinct, tf.constant(starts[1:], tf.int64))
-        counts = ends - tf.concat([[0], ends[:-1]], 0)
-        ids = [part - int(start) for part, start in zip(tf.split(distinct, counts, num=len(held)), starts)]
-        rows = packed_lookup(read_tables([v.handle for v in shards], storage.layout.dtype), ids,
-                             offsets=[0] * len(held), vocab_sizes=held, combiners=["none"] * len(held),
-                             feature_names=[m.name for m in storage.layout.members], table_index=list(range(len(held))))
-        return tf.gather(tf.concat(rows, 0), index)
 
     def _capacity_checks(self, vocabularies):
         """The ops refusing a training step in which any rank owns more distinct keys of a
