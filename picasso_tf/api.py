@@ -47,6 +47,7 @@ from picasso_tf.graph.capture import check_has_call, input_signature
 from picasso_tf.keras_steps import as_written, bound, check_no_activity_losses, check_own_steps, own_keras_steps
 from picasso_tf.graph.rebuild import conform_inputs
 from picasso_tf.runtime.dense_update import make_dense_update
+from picasso_tf.runtime.first_trace import traced_once
 from picasso_tf.runtime.fused_update import make_fused_update, refuse_clipping
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
 from picasso_tf.runtime.micro_batches import check_losses, embedding_cut, loss_refusal, run_micro_batches
@@ -329,6 +330,7 @@ class PicassoModel(tf.keras.Model):
             v for s in storages.values() if s.layout.densely_read for v in s.variables()]
         self._step = self._looked_up_ids = None
 
+    @traced_once
     def _training_step(self, optimizer=None):
         """Made at the first training step, once the optimizer (the compiled one unless
         given) is known."""
@@ -431,6 +433,7 @@ class PicassoModel(tf.keras.Model):
         return self._forward[bool(training)]
 
     # -- keras.Model -------------------------------------------------------------------
+    @traced_once
     def call(self, inputs, training=None):
         if not tf.executing_eagerly() and GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
             raise UnsupportedModelError(
@@ -501,6 +504,7 @@ class PicassoModel(tf.keras.Model):
         regularization = [reg] if reg is not None and reg.graph is tf.compat.v1.get_default_graph() else None
         return self.compiled_loss(y, y_pred, sample_weight, regularization_losses=regularization)
 
+    @traced_once
     def train_step(self, data):
         if "train_step" in self._own_steps:
             self.picasso.optimizer_note = (f"{type(self.original).__name__}.train_step, the model's own: its "

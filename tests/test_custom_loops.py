@@ -381,6 +381,8 @@ def test_the_fused_updates_train_a_tape_loop_exactly(in_gradient):
             return loss, sum(g is None for g in grads)
 
         got = [step(*batch) for batch in batches()]
+        # Traced once: the rewrite's and the optimizer's variables, made in the first trace, are eager.
+        assert step.experimental_get_tracing_count() == 1, name
         np.testing.assert_allclose([float(loss) for loss, _ in got], expected, rtol=1e-6, err_msg=name)
         assert_same_weights(plain, wrapped)
         assert wrapped.picasso.optimizer_note.startswith(f"packed tables: fused {type(optimizer).__name__}")

@@ -55,6 +55,26 @@ class Tower(tf.keras.Model):
         return self.head(tf.reduce_sum(self.table(inputs["c0"]), -1, keepdims=True))
 
 
+# -- the first step, traced once -------------------------------------------------------
+def test_the_step_that_builds_the_storage_and_the_slots_is_traced_once():
+    """The first fit rewrites the model and builds its storage and the optimizer's slots
+    while Keras traces the step. Those variables are made eagerly, so they do not make
+    tf.function trace the step again (picasso_tf.runtime.first_trace), and it trains as
+    the plain model does; so for predict on a model not yet rewritten."""
+    x, y = features()
+    plain, model = wide_deep(), picasso.optimize(wide_deep())
+    for m in (plain, model):
+        m.compile(optimizer="adam", loss="binary_crossentropy")
+    fits = [m.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"] for m in (plain, model)]
+    np.testing.assert_allclose(fits[1], fits[0], rtol=1e-5)
+    assert model.train_function.experimental_get_tracing_count() == 1
+    assert plain.train_function.experimental_get_tracing_count() == 2     # Keras makes Adam's slots in the trace
+    fresh = picasso.optimize(wide_deep())
+    np.testing.assert_allclose(fresh.predict(x, batch_size=BATCH, verbose=0),
+                               wide_deep().predict(x, batch_size=BATCH, verbose=0), rtol=1e-5)
+    assert fresh.predict_function.experimental_get_tracing_count() == 1
+
+
 # -- 12: .keras save and load -----------------------------------------------------------
 def test_keras_file_round_trips_through_save_and_model_checkpoint(tmp_path):
     model = picasso.optimize(wide_deep())
