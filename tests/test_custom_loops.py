@@ -230,6 +230,8 @@ def test_a_model_s_own_steps_run_with_the_rewritten_forward(cls, optimizer):
     for key in logs["plain"][1]:
         np.testing.assert_allclose(logs["wrapped"][1][key], logs["plain"][1][key], rtol=1e-6, err_msg=key)
     assert_same_weights(plain, wrapped)
+    # The model's own step too is traced once: the rewrite's and the slots' variables are eager.
+    assert wrapped.train_function.experimental_get_tracing_count() == 1
 
 
 def test_own_train_step_refuses_a_clipping_optimizer_as_fit_does():
