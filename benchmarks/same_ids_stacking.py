@@ -1,47 +1,98 @@
 """What storing tables that are read by the same ids side by side would buy (issue 38, item 4).
 
-    python benchmarks/same_ids_stacking.py [BATCH]
+    python benchmarks/same_ids_stacking.py [--model MLR|WDL] [--batch 4096]
 
-DeepCTR's MLR (four regions, four learners: eight linear parts, each with a width-1
-table per feature, all read by the feature's ids) against the same model written by
-hand with the eight tables of a feature as the columns of one [V, 8] table (the same
-L2 regulariser; one Dense(8) for the dense features' eight linear terms). Both through
-stock Keras and picasso_tf, on section 8's criteo-like data, Adagrad, timed
+A DeepCTR model against the same model written by hand with the tables that one
+feature's ids read as the column ranges of one wider table (the same L2 regulariser
+on it):
+- MLR: four regions and four learners, eight linear parts, each with a width-1 table
+  per feature; stacked, one [V, 8] table per feature (and one Dense(8) for the dense
+  features' eight linear terms).
+- WDL: a width-1 linear table and a width-8 DNN table per feature; stacked, one [V, 9]
+  table, column 0 the linear part's.
+Both through stock Keras and picasso_tf, on section 8's criteo-like data, Adagrad, timed
 interleaved as section 8's cells are (5 rounds of at least 1 s); prints samples/s and
 the ratios. picasso_tf does not stack such tables itself (docs/benchmarks.md).
 """
-import sys
-import tensorflow as tf
-from picasso_tf.tools.benchmarking import sections, deepctr_models
-from picasso_tf.tools.benchmarking.timing import measure, Variant
-batch = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
-sizes = sections.MODES["full"]
-data = sections.criteo_data(sizes, batch * sizes.batches, sizes.deepctr_vocab - 1)
-V = sizes.deepctr_vocab
+import argparse
 
-def stacked():
-    s = data.schema
-    inputs = {f.name: tf.keras.Input((1,), dtype=f.dtype, name=f.name) for f in s.categorical}
-    inputs.update({f.name: tf.keras.Input((f.dim,), name=f.name) for f in s.dense})
-    reg = tf.keras.regularizers.L2(1e-5)
-    parts = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(V, 8, embeddings_regularizer=reg)(inputs[f.name]))
-             for f in s.categorical]
-    dense = tf.keras.layers.Concatenate()([inputs[f.name] for f in s.dense])
-    logits = tf.keras.layers.Add()(parts + [tf.keras.layers.Dense(8)(dense)])
+import tensorflow as tf
+
+from picasso_tf.tools.benchmarking import deepctr_models, sections
+from picasso_tf.tools.benchmarking.timing import Variant, measure
+
+L2 = 1e-5       # DeepCTR's default l2_reg_linear and l2_reg_embedding
+
+
+def feature_inputs(schema):
+    inputs = {f.name: tf.keras.Input((1,), dtype=f.dtype, name=f.name) for f in schema.categorical}
+    inputs.update({f.name: tf.keras.Input((f.dim,), name=f.name) for f in schema.dense})
+    return inputs
+
+
+def stacked_lookups(schema, inputs, vocab, width):
+    """Per categorical feature, its [batch, width] row of one stacked table."""
+    reg = tf.keras.regularizers.L2(L2)
+    return [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(vocab, width, embeddings_regularizer=reg)(inputs[f.name]))
+            for f in schema.categorical]
+
+
+def named(inputs, output, schema):
+    model = tf.keras.Model(inputs, output)
+    model.output_names = list(schema.labels)
+    return model
+
+
+def stacked_mlr(schema, vocab):
+    inputs = feature_inputs(schema)
+    dense = tf.keras.layers.Concatenate()([inputs[f.name] for f in schema.dense])
+    logits = tf.keras.layers.Add()(stacked_lookups(schema, inputs, vocab, 8) + [tf.keras.layers.Dense(8)(dense)])
     region = tf.keras.layers.Softmax()(logits[:, :4])
     learner = tf.keras.layers.Activation("sigmoid")(logits[:, 4:])
-    out = tf.keras.layers.Lambda(lambda t: tf.reduce_sum(t[0] * t[1], -1, keepdims=True), name=s.labels[0])([region, learner])
-    m = tf.keras.Model(inputs, out)
-    m.output_names = list(s.labels)
-    return m
+    out = tf.keras.layers.Lambda(lambda t: tf.reduce_sum(t[0] * t[1], -1, keepdims=True),
+                                 name=schema.labels[0])([region, learner])
+    return named(inputs, out, schema)
 
-mlr, _ = sections.build_trio(lambda: deepctr_models.build("MLR", data.schema, V), data, batch, "adagrad", sizes, with_bound=False)
-st, _ = sections.build_trio(stacked, data, batch, "adagrad", sizes, with_bound=False)
-variants = [v for v in mlr.variants] + [Variant("stacked_" + v.name, v.model, v.dataset, v.batch_size) for v in st.variants]
-print([v.name for v in variants], "groups", mlr.info.get("packed_groups"), st.info.get("packed_groups"))
-r = measure(variants, 5, 10, 2, pairs=[("picasso", "baseline"), ("stacked_picasso", "baseline"), ("stacked_picasso", "picasso"), ("stacked_baseline", "baseline")], min_window_s=1.0)
-for n, v in r["variants"].items():
-    print(f"{n:18} {v['samples_per_s']:>10,.0f} samples/s ({v['samples_per_s_min']:,.0f}-{v['samples_per_s_max']:,.0f})")
-for p, v in r["ratios"].items():
-    print(f"{p:34} {v['median']:.2f}x ({v['min']:.2f}-{v['max']:.2f})")
-print("load", r["load_average"])
+
+def stacked_wdl(schema, vocab):
+    inputs = feature_inputs(schema)
+    rows = stacked_lookups(schema, inputs, vocab, 1 + deepctr_models.EMBEDDING_DIM)
+    dense = tf.keras.layers.Concatenate()([inputs[f.name] for f in schema.dense])
+    linear = tf.keras.layers.Add()([r[:, :1] for r in rows] + [tf.keras.layers.Dense(1, use_bias=False)(dense)])
+    deep = tf.keras.layers.Concatenate()([r[:, 1:] for r in rows] + [dense])
+    for units in (256, 128, 64):        # DeepCTR's default dnn_hidden_units
+        deep = tf.keras.layers.Dense(units, activation="relu")(deep)
+    logit = tf.keras.layers.Add()([linear, tf.keras.layers.Dense(1, use_bias=False)(deep)])
+    return named(inputs, tf.keras.layers.Dense(1, activation="sigmoid", name=schema.labels[0])(logit), schema)
+
+
+STACKED = {"MLR": stacked_mlr, "WDL": stacked_wdl}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=sorted(STACKED), default="MLR")
+    parser.add_argument("--batch", type=int, default=4096)
+    args = parser.parse_args(argv)
+    sizes = sections.MODES["full"]
+    vocab = sizes.deepctr_vocab
+    data = sections.criteo_data(sizes, args.batch * sizes.batches, vocab - 1)
+    original, _ = sections.build_trio(lambda: deepctr_models.build(args.model, data.schema, vocab), data,
+                                      args.batch, "adagrad", sizes, with_bound=False)
+    stacked, _ = sections.build_trio(lambda: STACKED[args.model](data.schema, vocab), data, args.batch, "adagrad",
+                                     sizes, with_bound=False)
+    variants = original.variants + [Variant("stacked_" + v.name, v.model, v.dataset, v.batch_size)
+                                    for v in stacked.variants]
+    result = measure(variants, sizes.zoo_rounds, 10, sizes.warmup_steps, min_window_s=sizes.min_window_s,
+                     pairs=[("picasso", "baseline"), ("stacked_picasso", "baseline"),
+                            ("stacked_picasso", "picasso"), ("stacked_baseline", "baseline")])
+    print(f"{args.model} at batch {args.batch}; load average before / after: {result['load_average']}")
+    for name, v in result["variants"].items():
+        print(f"{name:18} {v['samples_per_s']:>10,.0f} samples/s "
+              f"({v['samples_per_s_min']:,.0f}-{v['samples_per_s_max']:,.0f})")
+    for pair, r in result["ratios"].items():
+        print(f"{pair:34} {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
+
+
+if __name__ == "__main__":
+    main()
