@@ -126,7 +126,7 @@ def teardown(name):
             v.model.fit(v.dataset, epochs=1, steps_per_epoch=30, verbose=0)
             fit_ms = 1e3 * (time.perf_counter() - start)
             tf.profiler.experimental.stop()
-            events, _ = _trace_events(logdir)
+            events = _trace_events(logdir)
             shutil.rmtree(logdir)
             host = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("is_eager") != 0]
             steps = sorted((e for e in host if e["name"] == "train_function"), key=lambda e: e["ts"])
