@@ -95,15 +95,16 @@ class RowExchange:
         fetched rows}, [positions tensor per request, shaped and typed as its ids] + [the
         ids of each in-place site, once every rank found its own in their tables])."""
         size, groups = self.world.size, len(self.storages)
-        keys, remap, counts, invalid = [], [], [], []
+        keys, remap, counts, segments, invalid = [], [], [], [], []
         for x, _ in requests:
             self.features.setdefault((x.group, x.member), set()).add(x.feature)
         for storage in self.storages:
             own = [i for i, (x, _) in enumerate(requests) if x.group == storage.name]
-            k, positions, c, bad = self._request(storage, [requests[i] for i in own])
+            k, positions, c, segmented, bad = self._request(storage, [requests[i] for i in own])
             keys.append(k)
             remap.append((own, positions))
             counts.append(c)
+            segments.append(segmented)
             if bad is not None:
                 flag, request, value = bad
                 invalid.append((flag, tf.gather(tf.constant(own, tf.int32), request), value))
@@ -125,16 +126,33 @@ class RowExchange:
         rows_back, back_splits = self._serve(received, received_splits)
         fetched = alltoall_rows(rows_back, back_splits, "picasso_exchange_rows", self.wire_dtype)
 
-        dims = [s.layout.dim for s in self.storages]
-        sizes = tf.stack([counts[g][d] * dims[g] for d in range(size) for g in range(groups)])
-        pieces = tf.split(fetched, sizes, num=size * groups)
-        rows = {storage.name: tf.reshape(tf.concat([pieces[d * groups + g] for d in range(size)], 0), [-1, dims[g]])
-                for g, storage in enumerate(self.storages)}
+        rows = self._rows_of_groups(fetched, counts, segments)
         positions = [None] * len(requests)
         for own, site_positions in remap:
             for i, p in zip(own, site_positions):
                 positions[i] = p
         return rows, positions + checked
+
+    def _rows_of_groups(self, fetched, counts, segments):
+        """{group name: its fetched rows}, from the flat buffer the owners sent back (owner
+        by owner, group by group): in the order of the group's keys, that is owner by owner,
+        or, for a group whose keys were cut in segments (_request), in ascending keys."""
+        size, groups = self.world.size, len(self.storages)
+        dims = [s.layout.dim for s in self.storages]
+        sizes, at = [], {}      # each piece's floats; (owner, group) -> its pieces' numbers
+        for d in range(size):
+            for g in range(groups):
+                part = counts[g][d:d + 1] if segments[g] is None else segments[g][:, d]
+                first = sum(int(p.shape[0]) for p in sizes)
+                at[d, g] = range(first, first + int(part.shape[0]))
+                sizes.append(part * dims[g])
+        pieces = tf.split(fetched, tf.concat(sizes, 0), num=at[size - 1, groups - 1].stop)
+        rows = {}
+        for g, storage in enumerate(self.storages):
+            # Segment t of every owner, then segment t + 1 (one segment: owner by owner).
+            order = [at[d, g][t] for t in range(len(at[0, g])) for d in range(size)]
+            rows[storage.name] = tf.reshape(tf.concat([pieces[i] for i in order], 0), [-1, dims[g]])
+        return rows
 
     def _limits(self, requests, in_place):
         """The rows of each request's table, then of each in-place site's."""
@@ -143,14 +161,21 @@ class RowExchange:
 
     def _request(self, storage, requests):
         """One group's deduplicated keys per owner, each request's positions in the
-        group's fetched rows, the number of keys per owner, and (checking ids) whether an
-        id lies outside its table, the request holding the first one and that id
-        (first_invalid), else None."""
+        group's fetched rows, the number of keys per owner, the keys' segments or None
+        (below), and (checking ids) whether an id lies outside its table, the request
+        holding the first one and that id (first_invalid), else None.
+
+        A row-sharded group's keys (with checked ids) are distinct and ascending: table by
+        table, each table's rows owner by owner. So they are cut in segments, [members,
+        size] keys of each table for each owner, and each owner is sent its segments table
+        by table. The fetched rows are put back in the keys' order by the same cuts (a
+        split and a concatenation of rows, _rows_of_groups), and each id's position is its
+        key's index as found: no per-id gather maps it to its place owner by owner."""
         size = self.world.size
         bad = None
         if not requests:
             empty = tf.zeros([0, 2] if self.wide else [0], tf.int64)
-            return [empty] * size, [], tf.zeros([size], tf.int32), bad
+            return [empty] * size, [], tf.zeros([size], tf.int32), None, bad
         if storage.kind == DynamicVocabularyTables.kind:
             unique, index, sizes, owner = self._raw_keys(storage, requests)
         else:
@@ -162,6 +187,12 @@ class RowExchange:
             sizes = [tf.size(f) for f in flat]
             if storage.kind == RowShardedTables.kind and self.check_ids:
                 unique, index = self._distinct_rows(storage, requests, flat)
+                segments = self._owner_segments(storage, unique)
+                members = len(storage.layout.members)
+                sent = widened(unique) if self.wide else unique
+                cut = tf.split(sent, tf.reshape(segments, [-1]), num=members * size)    # table-major
+                by_owner = [tf.concat(cut[d::size], 0) for d in range(size)]
+                return by_owner, positions_of(requests, index, sizes), tf.reduce_sum(segments, 0), segments, bad
             else:
                 unique, index = tf.unique(keys_of_ids(requests, flat, self.first_table[storage.name]))
             if storage.kind == RowShardedTables.kind:
@@ -175,7 +206,17 @@ class RowExchange:
         # Fetched rows come back owner by owner: a key's row lands at its place in that order.
         place = tf.gather(tf.math.invert_permutation(tf.concat(order, 0)), index)
         counts = tf.stack([tf.shape(part)[0] for part in by_owner])
-        return by_owner, positions_of(requests, place, sizes), counts, bad
+        return by_owner, positions_of(requests, place, sizes), counts, None, bad
+
+    def _owner_segments(self, storage, keys):
+        """[members, size] int32: how many of a row-sharded group's ascending keys fall in
+        each member table's block of rows of each owner."""
+        first = self.first_table[storage.name]
+        edges = [(first + m) << ID_BITS | min(d * storage.blocks[m], member.rows)
+                 for m, member in enumerate(storage.layout.members) for d in range(self.world.size)]
+        starts = tf.searchsorted(keys, tf.constant(edges, tf.int64), out_type=tf.int32)
+        ends = tf.concat([starts[1:], tf.shape(keys, out_type=tf.int32)], 0)
+        return tf.reshape(ends - starts, [len(storage.layout.members), self.world.size])
 
     def _distinct_rows(self, storage, requests, flat):
         """A row-sharded group's distinct keys (ascending) and each id's index among them,
