@@ -9,10 +9,11 @@ Requester (every rank, for its batch): per group, the ids of its sites become ke
 holds every group's keys, owner-major (each owner's part: group by group), and one
 AllToAllv sends it.
 
-Owner: the keys it received, deduplicated again (two ranks asking for the same row
-must be served one row, or their gradients would overwrite each other), are looked up
-in its shards with the fused lookup kernel, one op per group, and sent back in one
-AllToAllv laid out like the keys (flattened rows, group by group). With
+Owner: the keys it received are looked up in its shards with the fused lookup kernel,
+one op per group, and sent back in one AllToAllv laid out like the keys (flattened
+rows, group by group). Two ranks may ask for the same row: the lookup's gradient sums
+its rows' gradients per row, so the keys are looked up as received (hash-backed groups,
+whose rows are served and updated by key, deduplicate them first). With
 config.wire_dtype="float16" the rows and, on the way back, their gradients travel as
 float16 (wire.py).
 
@@ -21,7 +22,7 @@ become positions in it (ExchangedIds), which the rewritten graph's fused lookups
 
 Backward needs nothing of its own: the gradient of the rows' AllToAllv is the reverse
 AllToAllv, which returns every row gradient to its owner, summed there per row by the
-gradient of the owner's gather, and becomes the shard variables' row-sparse gradient.
+gradient of the owner's lookup, and becomes the shard variables' row-sparse gradient.
 A hash-backed group (picasso_tf.embedding.hybrid_hash) serves its rows from this rank's
 hash storage instead, and the step takes the gradient of the rows it served (``log``).
 
@@ -335,7 +336,13 @@ class RowExchange:
             if self.training:
                 self.log.record(storage, keys, distinct_rows, None)
             return rows
-        unique, index = tf.unique(tf.gather(received, entries))
+        keys = tf.gather(received, entries)
+        if storage.kind == RowShardedTables.kind:
+            # Two ranks may ask for the same row: the lookup's gradient kernel sums each row's
+            # gradients before the update applies them, so each key is looked up as received.
+            return self._lookup(storage, keys)
+        # A hash-backed group's rows are served and updated by key, once each.
+        unique, index = tf.unique(keys)
         return tf.gather(self._lookup(storage, unique), index)
 
     def _capacity_checks(self, vocabularies):
@@ -352,7 +359,7 @@ class RowExchange:
                 for i, (storage, x) in enumerate(checked)]
 
     def _lookup(self, storage, keys):
-        """The rows of one group's (unique) keys from this rank's shards, in their order."""
+        """The rows of one group's keys from this rank's shards, in their order (a hash-backed group's: distinct)."""
         members = len(storage.layout.members)
         member = tf.gather(self.member_of_table, table_number(keys))
         if storage.kind == HybridHashTables.kind:
