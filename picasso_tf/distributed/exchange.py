@@ -194,8 +194,7 @@ class RowExchange:
                 cut = tf.split(sent, tf.reshape(segments, [-1]), num=members * size)    # table-major
                 by_owner = [tf.concat(cut[d::size], 0) for d in range(size)]
                 return by_owner, positions_of(requests, index, sizes), tf.reduce_sum(segments, 0), segments, bad
-            else:
-                unique, index = tf.unique(keys_of_ids(requests, flat, self.first_table[storage.name]))
+            unique, index = tf.unique(keys_of_ids(requests, flat, self.first_table[storage.name]))
             if storage.kind == RowShardedTables.kind:
                 owner = tf.cast(row_id(unique) // tf.gather(self.block_of_table, table_number(unique)), tf.int32)
             else:
