@@ -64,3 +64,26 @@ def test_profile_graph_tool(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "training-step ops after/before" in out and (tmp_path / "step_picasso.pbtxt").exists()
     assert profile_graph.main(["--model", "nope", "--out", str(tmp_path)]) == 2
+
+
+def test_breakdown_times_each_kernel_by_its_node():
+    """tools/benchmarking/breakdown.py: a traced fit's kernels, by op type and by the node
+    each ran (the step's fused lookup and its gradient among them), the input pipeline's
+    marked as such."""
+    from picasso_tf.tools.benchmarking.breakdown import op_breakdown
+    ids = tf.keras.Input((3,), dtype=tf.int64)
+    logit = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(100, 4)(ids)))
+    model = picasso.optimize(tf.keras.Model(ids, logit))
+    model.compile("adagrad", "mse")
+    rng = np.random.default_rng(0)
+    data = tf.data.Dataset.from_tensor_slices((rng.integers(0, 100, (640, 3)), rng.random((640, 1)))).batch(64)
+    data = data.map(lambda x, y: (x + 0, y)).repeat()
+    model.fit(data, steps_per_epoch=3, verbose=0)
+    result = op_breakdown(model, data, steps=3, top=1000)
+    nodes = {e["node"]: e["op"] for e in result["by_node"]}
+    lookups = [n for n, op in nodes.items() if op == "PicassoPackedLookup"]
+    assert len(lookups) == 1 and lookups[0].endswith("/PicassoPackedLookup") and "/picasso/" in lookups[0]
+    assert any(op.startswith("PicassoPackedLookupGrad") and n.startswith("gradients/") for n, op in nodes.items())
+    assert any(n.startswith("tf.data: ") for n in nodes)                    # the map's AddV2
+    assert not any(op.startswith("Iterator::") for op in nodes.values())    # spans, not kernels
+    assert sum(e["ops_per_step"] for e in result["by_type"] if e["op"] == "PicassoPackedLookup") == 1
