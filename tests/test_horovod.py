@@ -2,12 +2,13 @@
 picasso_tf's hybrid parallelism uses, and training on 2 ranks against one process."""
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from launching import WORKERS, Job, horovodrun_worker, job_error, ran
+from launching import ENV, WORKERS, Job, horovodrun_worker, job_error, ran
 
 hvd = pytest.importorskip("horovod.tensorflow", reason="horovod is built by scripts/setup_env.sh")
 
@@ -71,6 +72,9 @@ def test_collectives_on_two_ranks_and_idle_mpi_ranks_do_not_spin(trained, transp
         # gradients of 1e-9 to 1e-6 returned within float16's rounding (2**-11), not lost.
         assert res["wire_received"] == expected and res["wire_dtype"] == "float32"
         assert res["wire_gradient_error"] <= 2.0 ** -11, res["wire_gradient_error"]
+        # picasso-run sized each rank's thread pools to its share of the 2-rank host's cores.
+        share = str(max(1, res["cores"] // 2))
+        assert res["thread_pools"] == {"TF_NUM_INTRAOP_THREADS": share, "TF_NUM_INTEROP_THREADS": share}
     if transport == "mpi":
         # Asleep with Horovod's background thread running, on picasso-run's yield settings:
         # measured 0.03-0.05 CPU-s per second; without them one rank spins at 0.4-1.0.
@@ -87,18 +91,35 @@ def test_horovod_is_built_with_tensorflow_gloo_and_mpi():
 def test_picasso_run_gives_each_transport_its_flags():
     from picasso_tf.tools import launch
     command = ["python", "train.py"]
+    # Every rank runs the command through rank_threads (its thread pools sized to its share of the cores).
+    ranked = [sys.executable, "-m", "picasso_tf.tools.rank_threads"] + command
     argv, env = launch.horovodrun_command(2, command, "mpi", environ={"PATH": "/usr/bin",
                                                                       "OMPI_MCA_mpi_yield_when_idle": "0"})
     assert argv[1:] == ["-np", "2", "-H", "localhost:2", "--mpi", "--binding-args=--bind-to none --map-by slot"] \
-        + command
+        + ranked
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)      # mpirun, picasso-train
     assert env["OMPI_MCA_threads_pthreads_yield_strategy"] == "nanosleep"
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"                                # the user's value wins
     argv, env = launch.horovodrun_command(2, command, "gloo", hosts="a:1,b:1", environ={})
-    assert argv[1:] == ["-np", "2", "-H", "a:1,b:1", "--gloo"] + command
+    assert argv[1:] == ["-np", "2", "-H", "a:1,b:1", "--gloo"] + ranked
     assert not any(name.startswith("OMPI_MCA") for name in env)
     with pytest.raises(launch.LaunchError, match="no command to run"):
         launch.horovodrun_command(2, [], "mpi")
+
+
+def test_rank_threads_sizes_each_pool_to_the_ranks_share_of_the_cores():
+    from picasso_tf.tools import rank_threads
+    pools = lambda env: [env.get(name) for name in rank_threads.POOLS]   # noqa: E731
+    assert pools(rank_threads.thread_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 16)) == ["4", "4"]
+    assert pools(rank_threads.thread_environment({"HOROVOD_LOCAL_SIZE": "3"}, 2)) == ["1", "1"]   # at least 1
+    assert pools(rank_threads.thread_environment({}, 8)) == ["8", "8"]          # no launcher: one rank
+    user = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TF_NUM_INTRAOP_THREADS": "0"}   # 0: TensorFlow's default
+    assert pools(rank_threads.thread_environment(user, 8)) == ["0", "4"]        # the user's value wins
+    # The command runs with them (exec'd from the module, as picasso-run starts every rank).
+    done = subprocess.run([sys.executable, "-m", "picasso_tf.tools.rank_threads", sys.executable, "-c",
+                           "import os; print(os.environ['TF_NUM_INTRAOP_THREADS'])"],
+                          capture_output=True, text=True, env=dict(ENV, OMPI_COMM_WORLD_LOCAL_SIZE="2"))
+    assert done.returncode == 0 and done.stdout.strip() == str(max(1, len(os.sched_getaffinity(0)) // 2)), done
 
 
 def _arrays(path):

@@ -16,6 +16,11 @@ PATH, so that mpirun and console scripts such as picasso-train are found, and:
        value already in the environment wins); horovodrun passes mpirun
        --allow-run-as-root itself.
   Gloo nothing extra.
+  Both every rank started through picasso_tf.tools.rank_threads, which sizes TensorFlow's
+       thread pools to the rank's share of its host's cores (TensorFlow's default, every
+       core for every rank, oversubscribes a host running several ranks); values of
+       TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS already in the environment win
+       (0: TensorFlow's default).
 
 With neither --mpi nor --gloo, horovodrun chooses: MPI when Horovod was built with it
 and mpirun is found, else Gloo. The exit code is horovodrun's. Guide: docs/multi-rank.md.
@@ -76,7 +81,7 @@ def horovodrun_command(np_, command, transport=None, hosts=None, verbose=False, 
             env.setdefault(name, value)
     if verbose:
         argv.append("--verbose")
-    return argv + list(command), env
+    return argv + [sys.executable, "-m", "picasso_tf.tools.rank_threads"] + list(command), env
 
 
 def build_parser():

@@ -1,9 +1,9 @@
 """A job of tests/test_horovod.py under `picasso-run -np 2` (MPI or Gloo): one AllToAllv
 with uneven splits and one Allreduce, and the same AllToAllv over the float16 wire
 (picasso_tf.distributed.wire) with its gradient; then both ranks sleep with nothing to
-do. Each rank writes as JSON what it got, the transport Horovod ran on, and the CPU
+do. Each rank writes as JSON what it got, the transport Horovod ran on, the CPU
 seconds it used while asleep (a rank spinning in its transport's wait loop uses ~1 per
-second)."""
+second), and the thread pools' sizes it was started with, beside its cores."""
 import json
 import os
 import sys
@@ -17,6 +17,7 @@ from picasso_tf.distributed.wire import alltoall_rows
 from picasso_tf.distributed.world import horovod_transport
 
 IDLE_S = 2.0
+POOLS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")      # sized by picasso-run
 
 
 def weight(sender, receiver, k):
@@ -50,7 +51,8 @@ def main(argv):
                    "idle_s": IDLE_S, "idle_cpu_s": idle_cpu_s, "received": received.numpy().tolist(),
                    "received_splits": received_splits.numpy().tolist(),
                    "allreduce": summed.numpy().tolist(), "wire_received": over_wire.numpy().tolist(),
-                   "wire_dtype": over_wire.dtype.name,
+                   "wire_dtype": over_wire.dtype.name, "cores": len(os.sched_getaffinity(0)),
+                   "thread_pools": {k: os.environ.get(k) for k in POOLS},
                    "wire_gradient_error": float(np.max(np.abs(gradient - expected) / expected))}, f)
 
 
