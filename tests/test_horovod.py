@@ -92,7 +92,7 @@ def test_picasso_run_gives_each_transport_its_flags():
     from picasso_tf.tools import launch
     command = ["python", "train.py"]
     # Every rank runs the command through rank_threads (its thread pools sized to its share of the cores).
-    ranked = [sys.executable, "-m", "picasso_tf.tools.rank_threads"] + command
+    ranked = [sys.executable, launch.RANK_THREADS] + command
     argv, env = launch.horovodrun_command(2, command, "mpi", environ={"PATH": "/usr/bin",
                                                                       "OMPI_MCA_mpi_yield_when_idle": "0"})
     assert argv[1:] == ["-np", "2", "-H", "localhost:2", "--mpi", "--binding-args=--bind-to none --map-by slot"] \
@@ -115,8 +115,8 @@ def test_rank_threads_sizes_each_pool_to_the_ranks_share_of_the_cores():
     assert pools(rank_threads.thread_environment({}, 8)) == ["8", "8"]          # no launcher: one rank
     user = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TF_NUM_INTRAOP_THREADS": "0"}   # 0: TensorFlow's default
     assert pools(rank_threads.thread_environment(user, 8)) == ["0", "4"]        # the user's value wins
-    # The command runs with them (exec'd from the module, as picasso-run starts every rank).
-    done = subprocess.run([sys.executable, "-m", "picasso_tf.tools.rank_threads", sys.executable, "-c",
+    # The command runs with them (exec'd by the script, as picasso-run starts every rank).
+    done = subprocess.run([sys.executable, rank_threads.__file__, sys.executable, "-c",
                            "import os; print(os.environ['TF_NUM_INTRAOP_THREADS'])"],
                           capture_output=True, text=True, env=dict(ENV, OMPI_COMM_WORLD_LOCAL_SIZE="2"))
     assert done.returncode == 0 and done.stdout.strip() == str(max(1, len(os.sched_getaffinity(0)) // 2)), done

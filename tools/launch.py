@@ -16,7 +16,7 @@ PATH, so that mpirun and console scripts such as picasso-train are found, and:
        value already in the environment wins); horovodrun passes mpirun
        --allow-run-as-root itself.
   Gloo nothing extra.
-  Both every rank started through picasso_tf.tools.rank_threads, which sizes TensorFlow's
+  Both every rank started through tools/rank_threads.py, which sizes TensorFlow's
        thread pools to the rank's share of its host's cores (TensorFlow's default, every
        core for every rank, oversubscribes a host running several ranks); values of
        TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS already in the environment win
@@ -40,6 +40,11 @@ MPI_ENVIRONMENT = {
     "OMPI_MCA_threads_pthreads_yield_strategy": "nanosleep",
     "OMPI_MCA_threads_pthreads_nanosleep_time": "100000",
 }
+
+
+# Run as a file, not with -m: importing the package would import TensorFlow on every
+# rank before its command does.
+RANK_THREADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_threads.py")
 
 
 class LaunchError(Exception):
@@ -81,7 +86,7 @@ def horovodrun_command(np_, command, transport=None, hosts=None, verbose=False, 
             env.setdefault(name, value)
     if verbose:
         argv.append("--verbose")
-    return argv + [sys.executable, "-m", "picasso_tf.tools.rank_threads"] + list(command), env
+    return argv + [sys.executable, RANK_THREADS] + list(command), env
 
 
 def build_parser():

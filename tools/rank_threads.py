@@ -1,7 +1,7 @@
 """Runs a command with TensorFlow's thread pools sized to this rank's share of its
 host's cores; picasso-run starts every rank through it.
 
-    python -m picasso_tf.tools.rank_threads COMMAND [ARGS...]
+    python tools/rank_threads.py COMMAND [ARGS...]
 
 TensorFlow sizes both of a process's pools (intra-op: the threads one kernel is cut
 over; inter-op: the kernels run at once) to every core of the host. N ranks on one
