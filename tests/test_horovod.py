@@ -122,6 +122,18 @@ def test_rank_threads_sizes_each_pool_to_the_ranks_share_of_the_cores():
     assert done.returncode == 0 and done.stdout.strip() == str(max(1, len(os.sched_getaffinity(0)) // 2)), done
 
 
+def test_a_rank_sharing_its_host_on_tensorflow_s_default_pools_is_warned():
+    from picasso_tf.distributed.world import oversubscribed_threads
+    two = {"HOROVOD_LOCAL_SIZE": "2"}
+    message = oversubscribed_threads(two, 2, (0, 0))
+    assert "2 ranks share this host's 2 cores" in message and "TF_NUM_INTRAOP_THREADS=1" in message
+    assert oversubscribed_threads(dict(two, TF_NUM_INTRAOP_THREADS="0"), 8, (0, 0)).endswith(
+        "TF_NUM_INTEROP_THREADS=4 in their environment")                 # 0 is TensorFlow's default
+    assert oversubscribed_threads({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, 2, (0, 0)) is None   # alone on its host
+    assert oversubscribed_threads(dict(two, TF_NUM_INTEROP_THREADS="1"), 2, (0, 0)) is None  # sized by the user
+    assert oversubscribed_threads(two, 2, (1, 0)) is None                                    # or by the script
+
+
 def _arrays(path):
     with np.load(path) as f:
         return [f[k] for k in f.files]

@@ -68,6 +68,28 @@ def launched_world(environ=None):
     return (size or 1), (rank or 0)
 
 
+def oversubscribed_threads(environ=None, cores=None, configured=None):
+    """The warning for a rank that shares its host with other ranks while running
+    TensorFlow's default thread pools (a thread per core in each), else None. By default
+    this process's environment, cores (its CPU affinity) and `configured`, the pools'
+    sizes given to tf.config.threading (0: not given). A size in the environment, or
+    given in the script, is the user's choice: no warning."""
+    from picasso_tf.tools.rank_threads import POOLS, ranks_on_host     # the rule picasso-run applies
+    environ = os.environ if environ is None else environ
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    if configured is None:
+        configured = (tf.config.threading.get_intra_op_parallelism_threads(),
+                      tf.config.threading.get_inter_op_parallelism_threads())
+    ranks = ranks_on_host(environ)
+    if ranks < 2 or any(configured) or any(environ.get(p, "").strip() not in ("", "0") for p in POOLS):
+        return None
+    share = max(1, cores // ranks)
+    return (f"picasso_tf: {ranks} ranks share this host's {cores} cores, each running TensorFlow's default thread "
+            f"pools (a thread per core in each), so they preempt each other. Start them with picasso-run, which "
+            f"gives each its share, or set TF_NUM_INTRAOP_THREADS={share} and TF_NUM_INTEROP_THREADS={share} in "
+            "their environment")
+
+
 def horovod_transport():
     """"mpi" or "gloo": what the initialised Horovod runs its collectives over (None
     when it is not initialised or not installed), to check that a launcher gave the
