@@ -1,8 +1,9 @@
-"""The requester's side of the row exchange (picasso_tf.distributed.exchange) for 3
-ranks, in one process: what it sends each owner, and where each id finds its row among
-the rows the owners send back. No collective runs here: the owners' replies are made
-from what each was sent, as an owner serves them (one row per key, in the order sent).
-The launches in test_horovod.py train through the whole exchange on 2 ranks."""
+"""The row exchange (picasso_tf.distributed.exchange) for 3 ranks, in one process: what
+the requester sends each owner, where each id finds its row among the rows the owners
+send back, and what an owner serves for the keys every rank sent it. No collective
+runs here: the owners' replies are made from what each was sent, as an owner serves
+them (one row per key, in the order sent). The launches in test_horovod.py train
+through the whole exchange on 2 ranks."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -18,7 +19,9 @@ ROWS = (5, 7, 2, 9)     # blocks of 2, 3, 1 and 3 rows; the third table has fewe
 
 
 def exchange(rank, check_ids):
-    members = [TableMember(tf.Variable(tf.zeros([rows, 2])), rows, 1.0) for rows in ROWS]
+    # Row i of table t holds (t, i).
+    members = [TableMember(tf.Variable(np.stack([np.full(rows, t), np.arange(rows)], 1).astype(np.float32)), rows, 1.0)
+               for t, rows in enumerate(ROWS)]
     world = World(SIZE, rank)
     storage = RowShardedTables(TableLayout("packed_float32_d2", 2, tf.float32, members), world)
     return RowExchange([storage], world, check_ids=check_ids), storage
@@ -58,3 +61,32 @@ def test_each_owner_is_sent_its_distinct_keys_and_each_id_finds_its_row(rank, ch
         found = tf.gather(rows, where).numpy()
         np.testing.assert_array_equal(found[..., 0], np.full(ids.shape, x.member))
         np.testing.assert_array_equal(found[..., 1], ids.numpy())
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_an_owner_serves_each_senders_ascending_keys_in_order_and_takes_their_gradients(rank):
+    """Every rank's keys for one owner, as its AllToAllv delivers them (sender by sender):
+    the lookup of each (sender, member) run as a site gives the rows, and the shards'
+    gradients, of the lookup partitioned by member and stitched back."""
+    ex, storage = exchange(rank, check_ids=True)
+    sent = [exchange(sender, check_ids=True)[0]._request(exchange(sender, check_ids=True)[1], requests(seed=sender))[0]
+            for sender in range(SIZE)]
+    received = tf.concat([by_owner[rank] for by_owner in sent], 0)
+    sender = tf.repeat(tf.range(SIZE), [int(tf.size(by_owner[rank])) for by_owner in sent])
+    weights = tf.random.stateless_normal([int(tf.size(received)), 2], seed=[rank, 1])
+    served = []
+    for lookup in (lambda: ex._lookup_ascending(storage, received, sender), lambda: ex._lookup(storage, received)):
+        with tf.GradientTape() as tape:
+            rows = lookup()
+            loss = tf.reduce_sum(rows * weights)
+        # None for a shard no key reads (rank 2 holds no row of the 2-row table).
+        served.append((rows.numpy(), [None if g is None else tf.convert_to_tensor(g).numpy()
+                                      for g in tape.gradient(loss, storage.variables())]))
+    (rows, grads), (expected_rows, expected_grads) = served
+    np.testing.assert_array_equal(rows, expected_rows)
+    np.testing.assert_array_equal(rows[:, 0], table_number(received).numpy())      # row i of table t is (t, i)
+    np.testing.assert_array_equal(rows[:, 1], row_id(received).numpy())
+    assert [g is None for g in grads] == [g is None for g in expected_grads]
+    for got, want in zip(grads, expected_grads):
+        if want is not None:
+            np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -317,7 +317,7 @@ class RowExchange:
                         for g, storage in enumerate(self.storages) if storage.kind == DynamicVocabularyTables.kind}
         # No group's table changes before every rank's vocabularies are within their capacity.
         with tf.control_dependencies(self._capacity_checks(vocabularies)):
-            served = [self._served(storage, entries[g], received, vocabularies.get(g))
+            served = [self._served(storage, entries[g], received, vocabularies.get(g), sender)
                       for g, storage in enumerate(self.storages)]
         pieces, floats = [], []
         for g, (storage, rows) in enumerate(zip(self.storages, served)):
@@ -327,9 +327,10 @@ class RowExchange:
         buffer = tf.concat([pieces[g][s] for s in range(size) for g in range(groups)], 0)
         return buffer, tf.add_n(floats)
 
-    def _served(self, storage, entries, received, vocabulary):
-        """The rows of one group's received keys (at `entries` of `received`), in the
-        order received; `vocabulary`: plan_received's members, for a dynamic vocabulary."""
+    def _served(self, storage, entries, received, vocabulary, sender):
+        """The rows of one group's received keys (at `entries` of `received`, whose keys
+        came from ranks `sender`), in the order received; `vocabulary`: plan_received's
+        members, for a dynamic vocabulary."""
         if vocabulary is not None:
             rows, distinct_rows, keys = storage.serve(vocabulary, self.training)
             if self.training:
@@ -339,6 +340,8 @@ class RowExchange:
         if storage.kind == RowShardedTables.kind:
             # Two ranks may ask for the same row: the lookup's gradient kernel sums each row's
             # gradients before the update applies them, so each key is looked up as received.
+            if self.check_ids:
+                return self._lookup_ascending(storage, keys, tf.gather(sender, entries))
             return self._lookup(storage, keys)
         # A hash-backed group's rows are served and updated by key, once each.
         unique, index = tf.unique(keys)
@@ -356,6 +359,25 @@ class RowExchange:
         most = hvd().allreduce(distinct, op=hvd().Max, name="picasso_vocabulary_capacity")
         return [storage.capacity_check(x.member, most[i], sorted(self.features.get((storage.name, x.member), ())))
                 for i, (storage, x) in enumerate(checked)]
+
+    def _lookup_ascending(self, storage, keys, sender):
+        """The rows of a row-sharded group's keys from this rank's shards, in their order,
+        where each sender's keys are ascending (_request, with checked ids), so member by
+        member: each (sender, member) run is a site of one fused lookup, whose outputs
+        follow one another in the keys' order (no partition by member, no stitch back)."""
+        members, size = len(storage.layout.members), self.world.size
+        table = table_number(keys)
+        member = tf.gather(self.member_of_table, table)
+        local = row_id(keys) - tf.gather(self.first_row_of_table, table)
+        sites = size * members
+        runs = tf.math.bincount(sender * members + member, minlength=sites, maxlength=sites)
+        shards = storage.variables()
+        rows = packed_lookup(read_tables([v.handle for v in shards], storage.layout.dtype),
+                             tf.split(local, runs, num=sites), offsets=[0] * sites,
+                             vocab_sizes=[int(v.shape[0]) for v in shards] * size, combiners=["none"] * sites,
+                             feature_names=[m.name for m in storage.layout.members] * size,
+                             table_index=list(range(members)) * size)
+        return tf.concat(rows, 0)
 
     def _lookup(self, storage, keys):
         """The rows of one group's keys from this rank's shards, in their order (a hash-backed group's: distinct)."""
