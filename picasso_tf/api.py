@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import zlib
 
 import tensorflow as tf
 from keras.src.engine.base_layer_utils import call_context
@@ -303,7 +304,10 @@ class PicassoModel(tf.keras.Model):
             program = compile_program(self.original, self.picasso.config, warmup_data=self._warmup_data, specs=specs)
         check_no_activity_losses(self.original, self._own_steps)
         if world.distributed:
-            check_same_on_every_rank(program.fingerprint(), "rewritten graphs")
+            # The exchange's options shape what each rank sends the others, beyond the graphs.
+            exchanged = repr((self.picasso.config.check_ids, self.picasso.config.wire_dtype)).encode()
+            check_same_on_every_rank(zlib.crc32(exchanged, program.fingerprint()),
+                                     "rewritten graphs or exchange options (check_ids, wire_dtype)")
         storages = {name: make_storage(program.layout(name), world, self.picasso.config, program.initializers)
                     for name in program.storage_refs()}
         self.picasso.program, self.picasso.storages = program, storages

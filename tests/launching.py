@@ -16,8 +16,10 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(TESTS, "workers")
 # The workers import this checkout's picasso_tf, not the one an editable install in a
 # shared environment points at (a git worktree's tests would run another tree's code).
-ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(TESTS),
-                                                                  os.environ.get("PYTHONPATH")])))
+# Their thread pools are picasso-run's choice (tools/rank_threads.py), whatever the caller's
+# environment sets.
+ENV = dict({k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")},
+           PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(TESTS), os.environ.get("PYTHONPATH")])))
 PICASSO_RUN = os.path.join(os.path.dirname(sys.executable), "picasso-run")
 
 # name: (ranks, transport), in the order they run: a job reads only what jobs of earlier

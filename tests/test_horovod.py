@@ -45,6 +45,8 @@ JOBS = {job.out.split("/")[1]: job for job in [
              f"hybrid/ckpt{saved_by}") for saved_by, restored_by, launch in ((2, 1, "one_after"), (1, 2, "gloo"),
                                                                              (2, 3, "three"))),
     hybrid("gloo", "micro_auto", "--optimizers", "sgd", "--micro-batches", "auto"),
+    # Rank 1 alone without the ids check: its keys would reach the owners unsorted.
+    hybrid("gloo", "disagree", "--optimizers", "sgd", "--no-check-ids-rank1"),
     *(hybrid("gloo", f"groups{groups}", "--optimizers", "sgd", "--no-stitching", "--interleave-groups", groups)
       for groups in (1, 2)),
 ]}
@@ -110,28 +112,34 @@ def test_picasso_run_gives_each_transport_its_flags():
 def test_rank_threads_sizes_each_pool_to_the_ranks_share_of_the_cores():
     from picasso_tf.tools import rank_threads
     pools = lambda env: [env.get(name) for name in rank_threads.POOLS]   # noqa: E731
-    assert pools(rank_threads.thread_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 16)) == ["4", "4"]
-    assert pools(rank_threads.thread_environment({"HOROVOD_LOCAL_SIZE": "3"}, 2)) == ["1", "1"]   # at least 1
-    assert pools(rank_threads.thread_environment({}, 8)) == ["8", "8"]          # no launcher: one rank
-    user = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TF_NUM_INTRAOP_THREADS": "0"}   # 0: TensorFlow's default
-    assert pools(rank_threads.thread_environment(user, 8)) == ["0", "4"]        # the user's value wins
+    assert pools(rank_threads.thread_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 16, 16)) == ["4", "4"]
+    assert pools(rank_threads.thread_environment({"HOROVOD_LOCAL_SIZE": "3"}, 2, 2)) == ["1", "1"]   # at least 1
+    assert pools(rank_threads.thread_environment({}, 8, 8)) == ["8", "8"]          # no launcher: one rank
+    user = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TF_NUM_INTRAOP_THREADS": "0"}      # 0: TensorFlow's default
+    assert pools(rank_threads.thread_environment(user, 8, 8)) == ["0", "4"]        # the user's value wins
+    # A rank its launcher bound to 1 of the host's 8 cores: TensorFlow's pools follow that already.
+    assert pools(rank_threads.thread_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 1, 8)) == [None, None]
     # The command runs with them (exec'd by the script, as picasso-run starts every rank).
+    env = {k: v for k, v in ENV.items() if k not in rank_threads.POOLS}
     done = subprocess.run([sys.executable, rank_threads.__file__, sys.executable, "-c",
-                           "import os; print(os.environ['TF_NUM_INTRAOP_THREADS'])"],
-                          capture_output=True, text=True, env=dict(ENV, OMPI_COMM_WORLD_LOCAL_SIZE="2"))
-    assert done.returncode == 0 and done.stdout.strip() == str(max(1, len(os.sched_getaffinity(0)) // 2)), done
+                           "import os; print(os.environ.get('TF_NUM_INTRAOP_THREADS'))"],
+                          capture_output=True, text=True, env=dict(env, OMPI_COMM_WORLD_LOCAL_SIZE="2"))
+    cores = len(os.sched_getaffinity(0))
+    assert done.returncode == 0 and done.stdout.strip() == (str(max(1, cores // 2)) if cores == os.cpu_count()
+                                                            else "None"), done
 
 
 def test_a_rank_sharing_its_host_on_tensorflow_s_default_pools_is_warned():
     from picasso_tf.distributed.world import oversubscribed_threads
     two = {"HOROVOD_LOCAL_SIZE": "2"}
-    message = oversubscribed_threads(two, 2, (0, 0))
+    message = oversubscribed_threads(two, 2, 2, (0, 0))
     assert "2 ranks share this host's 2 cores" in message and "TF_NUM_INTRAOP_THREADS=1" in message
-    assert oversubscribed_threads(dict(two, TF_NUM_INTRAOP_THREADS="0"), 8, (0, 0)).endswith(
+    assert oversubscribed_threads(dict(two, TF_NUM_INTRAOP_THREADS="0"), 8, 8, (0, 0)).endswith(
         "TF_NUM_INTEROP_THREADS=4 in their environment")                 # 0 is TensorFlow's default
-    assert oversubscribed_threads({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, 2, (0, 0)) is None   # alone on its host
-    assert oversubscribed_threads(dict(two, TF_NUM_INTEROP_THREADS="1"), 2, (0, 0)) is None  # sized by the user
-    assert oversubscribed_threads(two, 2, (1, 0)) is None                                    # or by the script
+    assert oversubscribed_threads({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, 2, 2, (0, 0)) is None   # alone on its host
+    assert oversubscribed_threads(dict(two, TF_NUM_INTEROP_THREADS="1"), 2, 2, (0, 0)) is None  # sized by the user
+    assert oversubscribed_threads(two, 2, 2, (1, 0)) is None                                    # or by the script
+    assert oversubscribed_threads(two, 1, 2, (0, 0)) is None        # bound by its launcher to 1 of 2 cores
 
 
 def _arrays(path):
@@ -282,6 +290,13 @@ def test_micro_batches_auto_is_refused_under_horovod(horovod_jobs):
     exchanges must pair up."""
     error = job_error(horovod_jobs, JOBS["micro_auto"])
     assert error is not None and "micro_batches='auto' under Horovod (2 ranks)" in error, error
+
+
+def test_ranks_with_different_exchange_options_are_refused(horovod_jobs):
+    """A rank without the ids check would send its keys unsorted to owners that read them
+    as sorted: optimize refuses on every rank before any exchange."""
+    error = job_error(horovod_jobs, JOBS["disagree"])
+    assert error is not None and "RanksDisagreeError" in error and "exchange options (check_ids" in error, error
 
 
 def test_interleaving_groups_under_horovod_train_as_one_group(trained):

@@ -20,7 +20,8 @@ PATH, so that mpirun and console scripts such as picasso-train are found, and:
        thread pools to the rank's share of its host's cores (TensorFlow's default, every
        core for every rank, oversubscribes a host running several ranks); values of
        TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS already in the environment win
-       (0: TensorFlow's default).
+       (0: TensorFlow's default). With -H over several hosts, each needs this venv at the
+       same path (as horovodrun needs it for its own command).
 
 With neither --mpi nor --gloo, horovodrun chooses: MPI when Horovod was built with it
 and mpirun is found, else Gloo. The exit code is horovodrun's. Guide: docs/multi-rank.md.

@@ -10,10 +10,12 @@ many pieces as threads waits for its last piece whenever one of its threads is
 descheduled, and the ranks preempt each other's collectives. So each pool gets
 cores // (ranks on this host), at least 1, as torchrun does with OMP_NUM_THREADS.
 
-The cores are those this process may run on (its CPU affinity); the ranks on this host
-come from the launcher (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, Horovod's Gloo launcher's
-HOROVOD_LOCAL_SIZE). A value already in the environment wins (TF_NUM_INTRAOP_THREADS,
-TF_NUM_INTEROP_THREADS), and so does a script's own tf.config.threading call.
+The ranks on this host come from the launcher (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE,
+Horovod's Gloo launcher's HOROVOD_LOCAL_SIZE). A value already in the environment wins
+(TF_NUM_INTRAOP_THREADS, TF_NUM_INTEROP_THREADS), and so does a script's own
+tf.config.threading call. A rank whose launcher bound it to fewer cores than the host
+has is left alone: TensorFlow sizes its pools to that affinity already.
+(picasso_tf.distributed.world.oversubscribed_threads applies the same rule to warn.)
 """
 import os
 import sys
@@ -30,8 +32,12 @@ def ranks_on_host(environ):
     return 1
 
 
-def thread_environment(environ, cores):
-    """`environ` with each pool not already set sized to this rank's share of `cores`."""
+def thread_environment(environ, cores, host_cores):
+    """`environ` with each pool not already set sized to this rank's share of the
+    host's `cores`; unchanged where the rank may run on fewer (`cores`, its affinity)
+    than the host's `host_cores`."""
+    if cores < host_cores:
+        return dict(environ)
     share = str(max(1, cores // ranks_on_host(environ)))
     return {**{name: share for name in POOLS}, **environ}
 
@@ -41,7 +47,8 @@ def main(argv=None):
     if not command:
         print("rank_threads: give the command to run", file=sys.stderr)
         return 2
-    env = thread_environment(dict(os.environ), len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0))
+    env = thread_environment(dict(os.environ), cores, os.cpu_count() or cores)
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:

@@ -66,6 +66,12 @@ from picasso_tf.ops.packed_lookup import packed_lookup, packed_unique
 from picasso_tf.ops.read_tables import read_tables
 
 
+# The owner looks a group's keys up as one site per (sender, member) run up to this many
+# sites (measured on 2 ranks); beyond, one op with that many inputs, and the split and
+# concatenation of as many pieces, are untried, and it partitions by member instead.
+MAX_RUNS = 256
+
+
 class RowExchange:
     """The exchange of the sharded storages `storages` (picasso_tf.embedding.sharded),
     in the order every rank lays them out."""
@@ -340,7 +346,7 @@ class RowExchange:
         if storage.kind == RowShardedTables.kind:
             # Two ranks may ask for the same row: the lookup's gradient kernel sums each row's
             # gradients before the update applies them, so each key is looked up as received.
-            if self.check_ids:
+            if self.check_ids and self.world.size * len(storage.layout.members) <= MAX_RUNS:
                 return self._lookup_ascending(storage, keys, tf.gather(sender, entries))
             return self._lookup(storage, keys)
         # A hash-backed group's rows are served and updated by key, once each.

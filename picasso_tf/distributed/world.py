@@ -42,6 +42,8 @@ def current_world():
 # (horovodrun --mpi, picasso-run) sets OMPI_COMM_WORLD_* and PMIX_RANK, other MPIs PMI_*/MV2_*.
 _SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
 _RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+_LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE")       # ranks on this host
+_THREAD_POOL_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
 def launched_world(environ=None):
@@ -68,20 +70,24 @@ def launched_world(environ=None):
     return (size or 1), (rank or 0)
 
 
-def oversubscribed_threads(environ=None, cores=None, configured=None):
+def oversubscribed_threads(environ=None, cores=None, host_cores=None, configured=None):
     """The warning for a rank that shares its host with other ranks while running
-    TensorFlow's default thread pools (a thread per core in each), else None. By default
-    this process's environment, cores (its CPU affinity) and `configured`, the pools'
-    sizes given to tf.config.threading (0: not given). A size in the environment, or
-    given in the script, is the user's choice: no warning."""
-    from picasso_tf.tools.rank_threads import POOLS, ranks_on_host     # the rule picasso-run applies
+    TensorFlow's default thread pools (a thread per core in each), else None: the rule
+    picasso-run applies (tools/rank_threads.py, which must not import this package). By
+    default this process's environment, `cores` (its CPU affinity), `host_cores` (the
+    host's) and `configured`, the pools' sizes given to tf.config.threading (0: not
+    given). A size in the environment or given in the script is the user's choice, and
+    a rank bound to fewer cores than the host has was placed by its launcher (TensorFlow
+    sizes its pools to that affinity): no warning."""
     environ = os.environ if environ is None else environ
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    host_cores = (os.cpu_count() or cores) if host_cores is None else host_cores
     if configured is None:
         configured = (tf.config.threading.get_intra_op_parallelism_threads(),
                       tf.config.threading.get_inter_op_parallelism_threads())
-    ranks = ranks_on_host(environ)
-    if ranks < 2 or any(configured) or any(environ.get(p, "").strip() not in ("", "0") for p in POOLS):
+    ranks = next((int(environ[n]) for n in _LOCAL_SIZE_VARS if environ.get(n, "").strip().isdigit()), 1)
+    chosen = any(configured) or any(environ.get(p, "").strip() not in ("", "0") for p in _THREAD_POOL_VARS)
+    if ranks < 2 or chosen or cores < host_cores:
         return None
     share = max(1, cores // ranks)
     return (f"picasso_tf: {ranks} ranks share this host's {cores} cores, each running TensorFlow's default thread "

@@ -5,6 +5,7 @@ Gloo) or as one process (no Horovod), for tests/test_horovod.py.
                                [--restore DIR] [--save DIR] [--no-train] [--hybrid-hash]
                                [--wire-dtype float16] [--count-bytes] [--micro-batches K]
                                [--interleave-from mlp] [--interleave-groups N] [--no-stitching]
+                               [--no-check-ids-rank1]
 
 Every rank reads the same global batches of 64 samples and keeps its contiguous share,
 so N ranks train on the samples one process trains on. Per optimizer, rank 0 writes
@@ -161,7 +162,8 @@ def run(args, optimizer, size, rank):
                                 hot_storage_bytes=args.hot_bytes, hot_warmup_steps=3, hot_refresh_every=4,
                                 wire_dtype=args.wire_dtype, micro_batches=args.micro_batches,
                                 interleave_from=args.interleave_from, interleave_groups=args.interleave_groups,
-                                interleave_excluded=(), stitching=args.stitching)
+                                interleave_excluded=(), stitching=args.stitching,
+                                check_ids=not (args.no_check_ids_rank1 and rank == 1))
     model.compile(OPTIMIZERS[optimizer](), "binary_crossentropy")
     if args.restore:
         model.load_weights(os.path.join(args.restore, optimizer, "ckpt"))
@@ -212,6 +214,7 @@ def main(argv=None):
     parser.add_argument("--interleave-from", default="embedding", help="config.interleave_from")
     parser.add_argument("--interleave-groups", type=int, default=1, help="config.interleave_groups (none excluded)")
     parser.add_argument("--no-stitching", dest="stitching", action="store_false", help="config.stitching=False")
+    parser.add_argument("--no-check-ids-rank1", action="store_true", help="rank 1 alone: config.check_ids=False")
     args = parser.parse_args(argv)
     size, rank = world()
     global count_bytes
