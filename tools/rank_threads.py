@@ -13,9 +13,10 @@ cores // (ranks on this host), at least 1, as torchrun does with OMP_NUM_THREADS
 The ranks on this host come from the launcher (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE,
 Horovod's Gloo launcher's HOROVOD_LOCAL_SIZE). A value already in the environment wins
 (TF_NUM_INTRAOP_THREADS, TF_NUM_INTEROP_THREADS), and so does a script's own
-tf.config.threading call. A rank whose launcher bound it to fewer cores than the host
-has is left alone: TensorFlow sizes its pools to that affinity already.
-(picasso_tf.distributed.world.oversubscribed_threads applies the same rule to warn.)
+tf.config.threading call. The cores are those the process may run on (its CPU affinity:
+a container's cpuset, say); picasso-run binds no rank to cores of its own, so every rank
+on a host shares them. (picasso_tf.distributed.world.oversubscribed_threads warns under
+other launchers.)
 """
 import os
 import sys
@@ -32,12 +33,9 @@ def ranks_on_host(environ):
     return 1
 
 
-def thread_environment(environ, cores, host_cores):
+def thread_environment(environ, cores):
     """`environ` with each pool not already set sized to this rank's share of the
-    host's `cores`; unchanged where the rank may run on fewer (`cores`, its affinity)
-    than the host's `host_cores`."""
-    if cores < host_cores:
-        return dict(environ)
+    `cores` that the host's ranks share."""
     share = str(max(1, cores // ranks_on_host(environ)))
     return {**{name: share for name in POOLS}, **environ}
 
@@ -47,8 +45,7 @@ def main(argv=None):
     if not command:
         print("rank_threads: give the command to run", file=sys.stderr)
         return 2
-    cores = len(os.sched_getaffinity(0))
-    env = thread_environment(dict(os.environ), cores, os.cpu_count() or cores)
+    env = thread_environment(dict(os.environ), len(os.sched_getaffinity(0)))
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
