@@ -20,7 +20,8 @@ sparse handling (the tables' IndexedSlices gradients allgathered) or sparse_as_d
 Measured per rank over the timed steps (after warm-up): CPU seconds of the process
 (time.process_time: every thread of it, Horovod's background thread included) and wall
 seconds, and the CPU seconds of each of its threads (/proc: Horovod's background
-thread apart from TensorFlow's); the bytes each AllToAllv sent to each rank and the bytes each grouped
+thread apart from TensorFlow's); the page faults it took (each one a page of memory
+the kernel handed it afresh, zeroed); the bytes each AllToAllv sent to each rank and the bytes each grouped
 Allreduce reduced (counted in the graph by wrapping Horovod's alltoall and
 grouped_allreduce, from the buffers actually passed); the loopback interface's bytes;
 and, independently of the exchange code, the analytic minimum from the same batches:
@@ -36,6 +37,7 @@ included) by type.
 import argparse
 import json
 import os
+import resource
 import time
 
 import tensorflow as tf
@@ -133,6 +135,7 @@ def thread_cpu():
 
 def snapshot():
     return {"cpu": time.process_time(), "wall": time.perf_counter(), "lo": loopback_bytes(), "threads": thread_cpu(),
+            "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
             **{k: v.numpy().tolist() for k, v in COUNTERS.items()}}
 
 
@@ -289,7 +292,7 @@ def main():
               "steps": args.steps, "replicate_below": args.replicate_below, "wire_dtype": args.wire_dtype,
               "seconds_total": setup_and_train,
               "cpu_s": end["cpu"] - start["cpu"], "wall_s": end["wall"] - start["wall"],
-              "lo_bytes": end["lo"] - start["lo"],
+              "lo_bytes": end["lo"] - start["lo"], "page_faults": end["faults"] - start["faults"],
               "threads_cpu_s": {name: cpu - start["threads"].get(name, 0.0) for name, cpu in end["threads"].items()}}
     for k in COUNTERS:
         result[k] = (np.asarray(end[k]) - np.asarray(start[k])).tolist()

@@ -61,6 +61,7 @@ def trained(horovod_jobs):
 
 @pytest.mark.parametrize("transport", ["gloo", "mpi"])
 def test_collectives_on_two_ranks_and_idle_mpi_ranks_do_not_spin(trained, transport):
+    from picasso_tf.tools import rank_env
     out = trained(f"smoke_{transport}")
     results = [json.load(open(out / f"rank{r}.json")) for r in range(2)]
     for rank, res in enumerate(results):
@@ -74,9 +75,11 @@ def test_collectives_on_two_ranks_and_idle_mpi_ranks_do_not_spin(trained, transp
         # gradients of 1e-9 to 1e-6 returned within float16's rounding (2**-11), not lost.
         assert res["wire_received"] == expected and res["wire_dtype"] == "float32"
         assert res["wire_gradient_error"] <= 2.0 ** -11, res["wire_gradient_error"]
-        # picasso-run sized each rank's thread pools to its share of the 2-rank host's cores.
+        # picasso-run sized each rank's thread pools to its share of the 2-rank host's cores,
+        # and fixed malloc's thresholds.
         share = str(max(1, res["cores"] // 2))
         assert res["thread_pools"] == {"TF_NUM_INTRAOP_THREADS": share, "TF_NUM_INTEROP_THREADS": share}
+        assert res["malloc"] == rank_env.MALLOC
     if transport == "mpi":
         # Asleep with Horovod's background thread running, on picasso-run's yield settings:
         # measured 0.03-0.05 CPU-s per second; without them one rank spins at 0.4-1.0.
@@ -93,8 +96,8 @@ def test_horovod_is_built_with_tensorflow_gloo_and_mpi():
 def test_picasso_run_gives_each_transport_its_flags():
     from picasso_tf.tools import launch
     command = ["python", "train.py"]
-    # Every rank runs the command through rank_threads (its thread pools sized to its share of the cores).
-    ranked = [sys.executable, launch.RANK_THREADS] + command
+    # Every rank runs the command through rank_env (thread pools, malloc's thresholds).
+    ranked = [sys.executable, launch.RANK_ENV] + command
     argv, env = launch.horovodrun_command(2, command, "mpi", environ={"PATH": "/usr/bin",
                                                                       "OMPI_MCA_mpi_yield_when_idle": "0"})
     assert argv[1:] == ["-np", "2", "-H", "localhost:2", "--mpi", "--binding-args=--bind-to none --map-by slot"] \
@@ -109,20 +112,50 @@ def test_picasso_run_gives_each_transport_its_flags():
         launch.horovodrun_command(2, [], "mpi")
 
 
-def test_rank_threads_sizes_each_pool_to_the_ranks_share_of_the_cores():
-    from picasso_tf.tools import rank_threads
-    pools = lambda env: [env.get(name) for name in rank_threads.POOLS]   # noqa: E731
-    assert pools(rank_threads.thread_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 16)) == ["4", "4"]
-    assert pools(rank_threads.thread_environment({"HOROVOD_LOCAL_SIZE": "3"}, 2)) == ["1", "1"]   # at least 1
-    assert pools(rank_threads.thread_environment({}, 8)) == ["8", "8"]          # no launcher: one rank
+def test_rank_env_sizes_each_pool_to_the_ranks_share_of_the_cores():
+    from picasso_tf.tools import rank_env
+    pools = lambda env: [env.get(name) for name in rank_env.POOLS]   # noqa: E731
+    assert pools(rank_env.rank_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 16)) == ["4", "4"]
+    assert pools(rank_env.rank_environment({"HOROVOD_LOCAL_SIZE": "3"}, 2)) == ["1", "1"]   # at least 1
+    assert pools(rank_env.rank_environment({}, 8)) == ["8", "8"]          # no launcher: one rank
     user = {"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TF_NUM_INTRAOP_THREADS": "0"}   # 0: TensorFlow's default
-    assert pools(rank_threads.thread_environment(user, 8)) == ["0", "4"]        # the user's value wins
+    assert pools(rank_env.rank_environment(user, 8)) == ["0", "4"]        # the user's value wins
     # The command runs with them (exec'd by the script, as picasso-run starts every rank).
-    env = {k: v for k, v in ENV.items() if k not in rank_threads.POOLS}
-    done = subprocess.run([sys.executable, rank_threads.__file__, sys.executable, "-c",
+    env = {k: v for k, v in ENV.items() if k not in rank_env.POOLS}
+    done = subprocess.run([sys.executable, rank_env.__file__, sys.executable, "-c",
                            "import os; print(os.environ.get('TF_NUM_INTRAOP_THREADS'))"],
                           capture_output=True, text=True, env=dict(env, OMPI_COMM_WORLD_LOCAL_SIZE="2"))
     assert done.returncode == 0 and done.stdout.strip() == str(max(1, len(os.sched_getaffinity(0)) // 2)), done
+
+
+# A fresh process mallocs 16 MiB and frees it: is the block mapped on its own (glibc's
+# default above 128 KiB), and does the heap keep it once freed (or hand it back)?
+_MALLOC_PROBE = """
+import ctypes
+libc = ctypes.CDLL("libc.so.6")
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+block = libc.malloc(16 << 20)
+mapped = libc.mallinfo2().hblkhd >= 16 << 20
+libc.free(block)
+print(mapped, libc.mallinfo2().fordblks >= 16 << 20)
+"""
+
+
+def test_rank_env_makes_malloc_keep_what_a_step_frees():
+    from picasso_tf.tools import rank_env
+    env = {k: v for k, v in ENV.items() if k not in rank_env.MALLOC}
+    probe = [sys.executable, "-c", _MALLOC_PROBE]
+    alone = subprocess.run(probe, capture_output=True, text=True, env=env)
+    ranked = subprocess.run([sys.executable, rank_env.__file__] + probe, capture_output=True, text=True, env=env)
+    assert alone.stdout.split() == ["True", "False"], alone       # glibc's default: mapped, handed back
+    assert ranked.stdout.split() == ["False", "True"], ranked     # from the heap, and kept for the next step
+    user = {"MALLOC_TRIM_THRESHOLD_": "0"}
+    assert rank_env.rank_environment(user, 2)["MALLOC_TRIM_THRESHOLD_"] == "0"      # the user's value wins
+    assert rank_env.rank_environment(user, 2)["MALLOC_MMAP_THRESHOLD_"] == rank_env.MALLOC["MALLOC_MMAP_THRESHOLD_"]
 
 
 def test_a_rank_sharing_its_host_on_tensorflow_s_default_pools_is_warned():

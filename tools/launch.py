@@ -16,12 +16,14 @@ PATH, so that mpirun and console scripts such as picasso-train are found, and:
        value already in the environment wins); horovodrun passes mpirun
        --allow-run-as-root itself.
   Gloo nothing extra.
-  Both every rank started through tools/rank_threads.py, which sizes TensorFlow's
-       thread pools to the rank's share of its host's cores (TensorFlow's default, every
-       core for every rank, oversubscribes a host running several ranks); values of
-       TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS already in the environment win
-       (0: TensorFlow's default). With -H over several hosts, each needs this venv at the
-       same path (as horovodrun needs it for its own command).
+  Both every rank started through tools/rank_env.py, which sizes TensorFlow's thread
+       pools to the rank's share of its host's cores (TensorFlow's default, every core
+       for every rank, oversubscribes a host running several ranks) and makes glibc's
+       malloc keep the memory a step frees for the next (instead of each step faulting
+       it in again from the kernel); values already in the environment win
+       (TF_NUM_INTRAOP_THREADS=0: TensorFlow's default). With -H over several hosts,
+       each needs this venv at the same path (as horovodrun needs it for its own
+       command).
 
 With neither --mpi nor --gloo, horovodrun chooses: MPI when Horovod was built with it
 and mpirun is found, else Gloo. The exit code is horovodrun's. Guide: docs/multi-rank.md.
@@ -45,7 +47,7 @@ MPI_ENVIRONMENT = {
 
 # Run as a file, not with -m: importing the package would import TensorFlow on every
 # rank before its command does.
-RANK_THREADS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_threads.py")
+RANK_ENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_env.py")
 
 
 class LaunchError(Exception):
@@ -87,7 +89,7 @@ def horovodrun_command(np_, command, transport=None, hosts=None, verbose=False, 
             env.setdefault(name, value)
     if verbose:
         argv.append("--verbose")
-    return argv + [sys.executable, RANK_THREADS] + list(command), env
+    return argv + [sys.executable, RANK_ENV] + list(command), env
 
 
 def build_parser():

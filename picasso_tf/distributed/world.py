@@ -73,7 +73,7 @@ def launched_world(environ=None):
 def oversubscribed_threads(environ=None, cores=None, host_cores=None, configured=None):
     """The warning for a rank that shares its host with other ranks while running
     TensorFlow's default thread pools (a thread per core in each), else None: the rule
-    picasso-run applies (tools/rank_threads.py, which must not import this package). By
+    picasso-run applies (tools/rank_env.py, which must not import this package). By
     default this process's environment, `cores` (its CPU affinity), `host_cores` (the
     host's) and `configured`, the pools' sizes given to tf.config.threading (0: not
     given). A size in the environment or given in the script is the user's choice, and

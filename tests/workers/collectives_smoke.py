@@ -18,6 +18,7 @@ from picasso_tf.distributed.world import horovod_transport
 
 IDLE_S = 2.0
 POOLS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")      # sized by picasso-run
+MALLOC = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")      # set by picasso-run
 
 
 def weight(sender, receiver, k):
@@ -53,6 +54,7 @@ def main(argv):
                    "allreduce": summed.numpy().tolist(), "wire_received": over_wire.numpy().tolist(),
                    "wire_dtype": over_wire.dtype.name, "cores": len(os.sched_getaffinity(0)),
                    "thread_pools": {k: os.environ.get(k) for k in POOLS},
+                   "malloc": {k: os.environ.get(k) for k in MALLOC},
                    "wire_gradient_error": float(np.max(np.abs(gradient - expected) / expected))}, f)
 
 
