@@ -20,8 +20,8 @@ sparse handling (the tables' IndexedSlices gradients allgathered) or sparse_as_d
 Measured per rank over the timed steps (after warm-up): CPU seconds of the process
 (time.process_time: every thread of it, Horovod's background thread included) and wall
 seconds, and the CPU seconds of each of its threads (/proc: Horovod's background
-thread apart from TensorFlow's); the page faults it took (each one a page of memory
-the kernel handed it afresh, zeroed); the bytes each AllToAllv sent to each rank and the bytes each grouped
+thread apart from TensorFlow's); its minor page faults (mostly pages of memory the
+kernel handed it afresh, zeroed); the bytes each AllToAllv sent to each rank and the bytes each grouped
 Allreduce reduced (counted in the graph by wrapping Horovod's alltoall and
 grouped_allreduce, from the buffers actually passed); the loopback interface's bytes;
 and, independently of the exchange code, the analytic minimum from the same batches:

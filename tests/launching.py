@@ -16,8 +16,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(TESTS, "workers")
 # The workers import this checkout's picasso_tf, not the one an editable install in a
 # shared environment points at (a git worktree's tests would run another tree's code).
-# Their thread pools and malloc's thresholds are picasso-run's choice (tools/rank_env.py),
-# whatever the caller's environment sets.
+# Their thread pools and malloc's thresholds are picasso-run's choice (tools/rank_env.py's
+# POOLS and MALLOC, named here: importing it would import TensorFlow into pytest's
+# controller), whatever the caller's environment sets.
 _RANK_ENV = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 ENV = dict({k: v for k, v in os.environ.items() if k not in _RANK_ENV},
            PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(TESTS), os.environ.get("PYTHONPATH")])))

@@ -15,10 +15,9 @@ import tensorflow as tf
 
 from picasso_tf.distributed.wire import alltoall_rows
 from picasso_tf.distributed.world import horovod_transport
+from picasso_tf.tools.rank_env import MALLOC, POOLS
 
 IDLE_S = 2.0
-POOLS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")      # sized by picasso-run
-MALLOC = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")      # set by picasso-run
 
 
 def weight(sender, receiver, k):
@@ -53,7 +52,7 @@ def main(argv):
                    "received_splits": received_splits.numpy().tolist(),
                    "allreduce": summed.numpy().tolist(), "wire_received": over_wire.numpy().tolist(),
                    "wire_dtype": over_wire.dtype.name, "cores": len(os.sched_getaffinity(0)),
-                   "thread_pools": {k: os.environ.get(k) for k in POOLS},
+                   "thread_pools": {k: os.environ.get(k) for k in POOLS},     # set by picasso-run
                    "malloc": {k: os.environ.get(k) for k in MALLOC},
                    "wire_gradient_error": float(np.max(np.abs(gradient - expected) / expected))}, f)
 
