@@ -35,7 +35,8 @@ from picasso_tf.config import Config
 from picasso_tf.distributed.exchange import RowExchange
 from picasso_tf.distributed.reported_ids import InPlaceIdsCheck
 from picasso_tf.distributed.world import (World, broadcast_from_rank_zero, check_same_on_every_rank, current_world,
-                                          oversubscribed_threads, take_same_number_of_batches)
+                                          default_malloc_thresholds, oversubscribed_threads,
+                                          take_same_number_of_batches)
 from picasso_tf.embedding.dynamic_vocabulary import DynamicVocabularyTables
 from picasso_tf.embedding.hybrid_hash import HashRowFetch, HybridHashTables, LookedUpIds
 from picasso_tf.embedding.lookahead import LookaheadRefresh, PeekedDataset
@@ -294,9 +295,9 @@ class PicassoModel(tf.keras.Model):
                 "number of micro-batches, and every rank must run as many (each exchanges its ids and rows); give "
                 "micro_batches a number")
         if world.distributed:
-            threads = oversubscribed_threads()
-            if threads and world.rank == 0:
-                tf.get_logger().warning(threads)
+            for advice in (oversubscribed_threads(), default_malloc_thresholds()):
+                if advice and world.rank == 0:
+                    tf.get_logger().warning(advice)
             with tf.init_scope():
                 # Replicas start equal, and shards are cut from rank 0's tables.
                 broadcast_from_rank_zero(self.original.variables)

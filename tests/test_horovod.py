@@ -158,6 +158,18 @@ def test_rank_env_makes_malloc_keep_what_a_step_frees():
     assert rank_env.rank_environment(user, 2)["MALLOC_MMAP_THRESHOLD_"] == rank_env.MALLOC["MALLOC_MMAP_THRESHOLD_"]
 
 
+def test_a_rank_on_malloc_s_default_thresholds_is_warned_with_picasso_run_s():
+    from picasso_tf.distributed.world import MALLOC_THRESHOLDS, default_malloc_thresholds
+    from picasso_tf.tools import rank_env
+    assert MALLOC_THRESHOLDS == rank_env.MALLOC
+    message = default_malloc_thresholds({}, "glibc")
+    assert "MALLOC_MMAP_THRESHOLD_=33554432 and MALLOC_TRIM_THRESHOLD_=1073741824" in message
+    assert default_malloc_thresholds(rank_env.rank_environment({}, 2), "glibc") is None     # started by picasso-run
+    assert default_malloc_thresholds({"MALLOC_TRIM_THRESHOLD_": "0"}, "glibc") is None     # the user's choice
+    assert default_malloc_thresholds({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, "glibc") is None
+    assert default_malloc_thresholds({}, "") is None                                       # not glibc
+
+
 def test_a_rank_sharing_its_host_on_tensorflow_s_default_pools_is_warned():
     from picasso_tf.distributed.world import oversubscribed_threads
     two = {"HOROVOD_LOCAL_SIZE": "2"}

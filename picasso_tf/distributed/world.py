@@ -7,6 +7,7 @@ then calls Horovod.
 """
 import dataclasses
 import os
+import platform
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +45,8 @@ _SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "
 _RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE")       # ranks on this host
 _THREAD_POOL_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+# What picasso-run sets for malloc (tools/rank_env.py's MALLOC).
+MALLOC_THRESHOLDS = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
 
 
 def launched_world(environ=None):
@@ -94,6 +97,22 @@ def oversubscribed_threads(environ=None, cores=None, host_cores=None, configured
             f"pools (a thread per core in each), so they preempt each other. Start them with picasso-run, which "
             f"gives each its share, or set TF_NUM_INTRAOP_THREADS={share} and TF_NUM_INTEROP_THREADS={share} in "
             "their environment")
+
+
+def default_malloc_thresholds(environ=None, libc=None):
+    """The warning for a rank whose glibc malloc runs on its default thresholds, else
+    None: under them a step may fault in afresh, page by page, the memory the previous
+    one freed, which picasso-run's settings prevent (tools/rank_env.py). A threshold in
+    the environment (or in GLIBC_TUNABLES) is the user's choice: no warning."""
+    environ = os.environ if environ is None else environ
+    libc = platform.libc_ver()[0] if libc is None else libc
+    if libc != "glibc" or any(environ.get(n) for n in MALLOC_THRESHOLDS) or "glibc.malloc." in environ.get(
+            "GLIBC_TUNABLES", ""):
+        return None
+    settings = " and ".join(f"{name}={value}" for name, value in MALLOC_THRESHOLDS.items())
+    return ("picasso_tf: this rank runs glibc's malloc on its default thresholds, under which a training step may "
+            "fault in afresh, page by page, the memory the previous step freed. Start the ranks with picasso-run, "
+            f"which sets them, or set {settings} in their environment")
 
 
 def horovod_transport():
