@@ -21,7 +21,8 @@ free top of the heap is trimmed. A training step frees what the previous one all
 so whether the next step finds that memory or faults it in again, page by page and
 zeroed by the kernel, depends on where its blocks happened to land. A rank of hybrid
 parallelism (whose exchange's buffers change size every step) was seen to fault in
-about 24 MB a step, which took its step from 37 to 50 ms of CPU (docs/benchmarks.md).
+thousands of pages a step, a large share of its CPU time (docs/benchmarks.md, "A rank's
+step faulting its memory in afresh").
 MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ fix both thresholds: blocks up to
 32 MiB come from the heap, and the main heap keeps up to 1 GiB of free memory, so a
 step reuses the last one's pages. The cost is that a rank holds on to memory it freed.
