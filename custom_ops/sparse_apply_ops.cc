@@ -80,6 +80,7 @@ REGISTER_OP("PicassoSparseApplySgd")
     .Attr("num_slots: int >= 0")
     .Attr("nesterov: bool = false")
     .Attr("lazy: bool = false")
+    .Attr("huge_pages: bool = false")  // huge_pages.h
     .SetIsStateful()
     .SetShapeFn(SparseApplyShape);
 
@@ -94,6 +95,7 @@ REGISTER_OP("PicassoSparseApplyAdagrad")
     .Attr("T: {float, double}")
     .Attr("num_slots: int >= 0")
     .Attr("lazy: bool = false")
+    .Attr("huge_pages: bool = false")  // huge_pages.h
     .SetIsStateful()
     .SetShapeFn(SparseApplyShape);
 
@@ -112,6 +114,7 @@ REGISTER_OP("PicassoSparseApplyFtrl")
     .Attr("T: {float, double}")
     .Attr("num_slots: int >= 0")
     .Attr("lazy: bool = false")
+    .Attr("huge_pages: bool = false")  // huge_pages.h
     .SetIsStateful()
     .SetShapeFn(SparseApplyShape);
 
@@ -131,6 +134,7 @@ REGISTER_OP("PicassoSparseApplyAdam")
     .Attr("num_slots: int >= 0")
     .Attr("amsgrad: bool = false")
     .Attr("lazy: bool = false")
+    .Attr("huge_pages: bool = false")  // huge_pages.h
     .SetIsStateful()
     .SetShapeFn(SparseApplyShape);
 
@@ -150,6 +154,7 @@ REGISTER_OP("PicassoSparseApplyRmsprop")
     .Attr("num_slots: int >= 0")
     .Attr("centered: bool = false")
     .Attr("lazy: bool = false")
+    .Attr("huge_pages: bool = false")  // huge_pages.h
     .SetIsStateful()
     .SetShapeFn(SparseApplyShape);
 
@@ -281,6 +286,7 @@ class SparseApplyOp : public OpKernel {
  public:
   explicit SparseApplyOp(OpKernelConstruction* c) : OpKernel(c), attrs_(c) {
     OP_REQUIRES_OK(c, c->GetAttr("lazy", &lazy_));
+    OP_REQUIRES_OK(c, c->GetAttr("huge_pages", &use_huge_pages_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -292,7 +298,7 @@ class SparseApplyOp : public OpKernel {
     LockedVariables locked;
     OP_REQUIRES_OK(ctx, locked.Lock(ctx, var_inputs, DataTypeToEnum<T>::v()));
     std::vector<Tensor> vars;
-    OP_REQUIRES_OK(ctx, locked.Tensors<T>(ctx, &vars));
+    OP_REQUIRES_OK(ctx, locked.Tensors<T>(ctx, use_huge_pages_ ? &huge_pages_ : nullptr, &vars));
     const Tensor& indices = ctx->input(end_slot);
     const Tensor& grad = ctx->input(end_slot + 1);
     OP_REQUIRES_OK(ctx, CheckShapes(vars, indices, grad));
@@ -379,6 +385,8 @@ class SparseApplyOp : public OpKernel {
  private:
   const typename Update<T>::Attrs attrs_;
   bool lazy_ = false;
+  bool use_huge_pages_ = false;
+  ::picasso::HugePageAdvisor huge_pages_;
 };
 
 #define PICASSO_REGISTER_SPARSE_APPLY(op, Update)                                \

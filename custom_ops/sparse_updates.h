@@ -36,6 +36,7 @@
 #include <variant>
 #include <vector>
 
+#include "huge_pages.h"
 #include "picasso_common.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -631,11 +632,14 @@ class LockedVariables {
   // it is: switching it to copy-on-read, as TF's sparse training ops do, would make
   // every later dense read (e.g. the table read feeding a packed lookup) copy the
   // whole table. In copy-on-read mode nothing aliases the buffer.
+  // With an advisor, large buffers go on huge pages (huge_pages.h).
   template <typename T>
-  Status Tensors(OpKernelContext* ctx, std::vector<Tensor>* out) {
+  Status Tensors(OpKernelContext* ctx, ::picasso::HugePageAdvisor* huge_pages,
+                 std::vector<Tensor>* out) {
     for (const auto& var : vars_) {
       TF_RETURN_IF_ERROR(PrepareToUpdateVariable<CPUDevice, T>(ctx, var->tensor(),
                                                                /*copy_on_read_mode=*/false));
+      if (huge_pages != nullptr) huge_pages->Advise(*var->tensor());
       out->push_back(*var->tensor());
     }
     return OkStatus();
@@ -657,7 +661,8 @@ class LockedVariables {
       .Attr("hyper_names: list(string)")                                 \
       .Attr("nesterov: bool = false")                                    \
       .Attr("amsgrad: bool = false")                                     \
-      .Attr("centered: bool = false")
+      .Attr("centered: bool = false")                                    \
+      .Attr("huge_pages: bool = false")
 
 // The tables that a gradient kernel updates in place instead of returning their
 // gradients: the op's G "vars", their optimizer slots "slots" (num_slots per table,
@@ -671,6 +676,7 @@ class InPlaceUpdates {
   explicit InPlaceUpdates(OpKernelConstruction* c) : update_(c) {
     OP_REQUIRES_OK(c, c->GetAttr("num_slots", &num_slots_));
     OP_REQUIRES_OK(c, c->GetAttr("hyper_names", &hyper_names_));
+    OP_REQUIRES_OK(c, c->GetAttr("huge_pages", &use_huge_pages_));
     int num_table_slots;
     OP_REQUIRES_OK(c, c->GetAttr("G", &num_tables_));
     OP_REQUIRES_OK(c, c->GetAttr("num_table_slots", &num_table_slots));
@@ -692,7 +698,8 @@ class InPlaceUpdates {
       for (int i = vars_begin; i < vars_end; ++i) inputs.push_back(i);
       for (int i = slots_begin; i < slots_end; ++i) inputs.push_back(i);
       TF_RETURN_IF_ERROR(locked_.Lock(ctx, inputs, DataTypeToEnum<T>::v()));
-      TF_RETURN_IF_ERROR(locked_.Tensors<T>(ctx, &vars_));
+      TF_RETURN_IF_ERROR(locked_.Tensors<T>(
+          ctx, updates.use_huge_pages_ ? &updates.huge_pages_ : nullptr, &vars_));
       const int num_tables = updates.num_tables_, num_slots = updates.num_slots_;
       for (int t = 0; t < num_tables; ++t) {
         for (int k = 0; k < num_slots; ++k) {
@@ -788,6 +795,8 @@ class InPlaceUpdates {
   AnyUpdate<T> update_;
   int num_tables_ = 0, num_slots_ = 0;
   std::vector<std::string> hyper_names_;
+  bool use_huge_pages_ = false;
+  mutable ::picasso::HugePageAdvisor huge_pages_;
 };
 
 }  // namespace picasso

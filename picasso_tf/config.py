@@ -105,6 +105,13 @@ class Config:
       table every step), update only the rows a batch touched, as recommender systems
       usually do. Off by default: a different algorithm from what the user asked for, so
       it is never implied.
+    huge_pages: have the fused optimizer's kernels back the tables they update, and those
+      tables' optimizer slots, with transparent huge pages (Linux's madvise, asked once
+      per table): a step reads and writes rows scattered over the tables, and on 4 KiB
+      pages nearly every row costs a TLB miss. Advice only, no value changes; where
+      Linux declines (transparent huge pages "never", a kernel before 6.1) the tables
+      stay on small pages. The price is a few MiB of memory at most per table (the
+      2 MiB pages at a table's ends). Tables the Keras optimizer updates are left alone.
 
     HybridHash (docs/hybrid-hash-and-vocabularies.md)
     -------------------------------------------------
@@ -274,6 +281,7 @@ class Config:
     fused_dense_optimizer: bool = True
     apply_in_gradient: bool = True
     lazy_optimizer: bool = False
+    huge_pages: bool = True
     check_ids: bool = True
     check_numerics: bool = False
 

@@ -6,6 +6,8 @@ exact fused form, the groups' tables are updated by the Keras optimizer from the
 IndexedSlices gradients instead (still exact, still row-sparse for SGD/Adagrad; Keras'
 own dense decays for Adam-like optimizers), and the reason is recorded for the report.
 """
+import dataclasses
+
 import tensorflow as tf
 
 from picasso_tf.embedding.row_sparse_optimizers import RowSparseOptimizer, UnsupportedOptimizerError
@@ -15,9 +17,10 @@ class FusedTableUpdate:
     """The fused updates of the storages' tables; `tables` maps each table variable's
     ref to its (storage, member)."""
 
-    def __init__(self, optimizer, storages, lazy, in_gradient=True):
+    def __init__(self, optimizer, storages, lazy, in_gradient=True, huge_pages=True):
         self.optimizer = RowSparseOptimizer.from_keras(optimizer, lazy=lazy)
         self.in_gradient = in_gradient   # config.apply_in_gradient
+        self.huge_pages = huge_pages     # config.huge_pages: an attribute of every update kernel
         # A frozen group (trainable=False tables) is never updated.
         self.tables = {variable.ref(): (storage, member) for storage in storages if storage.layout.trainable
                        for variable, member in zip(storage.variables(), storage.layout.members)}
@@ -30,8 +33,9 @@ class FusedTableUpdate:
     def updates(self, variables, iteration):
         """This step's sparse_apply.Update of each table variable."""
         members = [self.tables[v.ref()] for v in variables]
-        return self.optimizer.updates(variables, [s.slots(self.optimizer, m) for s, m in members], iteration,
-                                      [self.decay[v.ref()] for v in variables])
+        updates = self.optimizer.updates(variables, [s.slots(self.optimizer, m) for s, m in members], iteration,
+                                         [self.decay[v.ref()] for v in variables])
+        return [dataclasses.replace(u, attrs={**u.attrs, "huge_pages": self.huge_pages}) for u in updates]
 
     def apply(self, grads_and_vars, iteration):
         grads_and_vars = list(grads_and_vars)
@@ -127,7 +131,8 @@ def make_fused_update(optimizer, storages, config):
         return None, "fused_optimizer=False: packed tables are updated by the Keras optimizer"
     try:
         with tf.init_scope():
-            return FusedTableUpdate(optimizer, storages, config.lazy_optimizer, config.apply_in_gradient), None
+            return FusedTableUpdate(optimizer, storages, config.lazy_optimizer, config.apply_in_gradient,
+                                    config.huge_pages), None
     except UnsupportedOptimizerError as e:
         if config.lazy_optimizer:
             raise ValueError(f"picasso_tf: lazy_optimizer=True needs a fused row-sparse optimizer: {e}") from e
