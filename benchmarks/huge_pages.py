@@ -18,7 +18,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from picasso_tf.tools.benchmarking import models as bm, sections as S   # noqa: E402
-from picasso_tf.tools.benchmarking.timing import measure                 # noqa: E402
+from picasso_tf.tools.benchmarking.timing import measure, summary_lines  # noqa: E402
 
 SIZES = S.MODES["full"]
 LARGE_VOCAB = 400_000
@@ -54,11 +54,7 @@ def main():
                          min_window_s=SIZES.min_window_s)
         load = result["load_average"]
         print(f"{name} (batch {batch}, Adagrad, {rounds} rounds; load {load[0][0]:.2f} -> {load[1][0]:.2f})")
-        for v, r in result["variants"].items():
-            print(f"  {v:12s} {r['samples_per_s']:>10,.0f} samples/s ({r['samples_per_s_min']:,.0f}-"
-                  f"{r['samples_per_s_max']:,.0f}), window {r['window_s']:.1f} s")
-        for pair, r in result["ratios"].items():
-            print(f"  {pair:22s} {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
+        print("\n".join("  " + line for line in summary_lines(result)))
         del trio
         S.cleanup()
 

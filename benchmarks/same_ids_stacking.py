@@ -19,7 +19,7 @@ import argparse
 import tensorflow as tf
 
 from picasso_tf.tools.benchmarking import deepctr_models, sections
-from picasso_tf.tools.benchmarking.timing import Variant, measure
+from picasso_tf.tools.benchmarking.timing import Variant, measure, summary_lines
 
 L2 = 1e-5       # DeepCTR's default l2_reg_linear and l2_reg_embedding
 
@@ -87,11 +87,7 @@ def main(argv=None):
                      pairs=[("picasso", "baseline"), ("stacked_picasso", "baseline"),
                             ("stacked_picasso", "picasso"), ("stacked_baseline", "baseline")])
     print(f"{args.model} at batch {args.batch}; load average before / after: {result['load_average']}")
-    for name, v in result["variants"].items():
-        print(f"{name:18} {v['samples_per_s']:>10,.0f} samples/s "
-              f"({v['samples_per_s_min']:,.0f}-{v['samples_per_s_max']:,.0f})")
-    for pair, r in result["ratios"].items():
-        print(f"{pair:34} {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
+    print("\n".join(summary_lines(result)))
 
 
 if __name__ == "__main__":

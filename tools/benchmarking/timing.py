@@ -63,6 +63,16 @@ def step_times(model, dataset, steps):
     return [b - a for a, b in zip(t, t[1:])]
 
 
+def summary_lines(result):
+    """measure()'s result as lines of text: each variant's samples/s (median, min-max over
+    the rounds) and window per round, then each ratio (median, min-max)."""
+    lines = [f"{name:18} {v['samples_per_s']:>10,.0f} samples/s ({v['samples_per_s_min']:,.0f}-"
+             f"{v['samples_per_s_max']:,.0f}), window {v['window_s']:.1f} s"
+             for name, v in result["variants"].items()]
+    return lines + [f"{pair:34} {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
+                    for pair, r in result["ratios"].items()]
+
+
 def load_average():
     try:
         return list(os.getloadavg())
