@@ -7,7 +7,7 @@ cells: comma-separated of wide_lr, wide_wd (the packing benchmark's 200-field mo
 wide_lr_large (its logistic regression on 26 fields of 400,000 ids each: 1.4 GiB of
 table and accumulator),
 dlrm (the zoo's DLRM on criteo-like data, batch 1024) and alibaba_lr (the zoo's logistic
-regression on alibaba-like data, batch 1024); default all. Each cell's three variants
+regression on alibaba-like data, batch 1024); default all but wide_lr_large. Each cell's three variants
 are timed interleaved by picasso-bench's harness (rounds of at least 1 s), and the
 per-round ratios printed with the rounds' spread. Run it on an idle machine: the load
 average is printed before and after.
@@ -55,6 +55,9 @@ def main():
         load = result["load_average"]
         print(f"{name} (batch {batch}, Adagrad, {rounds} rounds; load {load[0][0]:.2f} -> {load[1][0]:.2f})")
         print("\n".join("  " + line for line in summary_lines(result)))
+        # The first steps hold the copy onto huge pages.
+        print("  warm-up (the first steps, traced):",
+              ", ".join(f"{v} {r['warmup_s']:.2f} s" for v, r in result["variants"].items()))
         del trio
         S.cleanup()
 

@@ -2,14 +2,15 @@
 //
 // A training step reads and updates a table's rows (and their optimizer slots' rows)
 // at scattered addresses. On 4 KiB pages nearly every such row costs a TLB miss and a
-// page walk (a two-level one under a hypervisor); 2 MiB pages let the TLB cover a
-// table of hundreds of megabytes. So the first time an update op sees a variable
-// buffer of at least kMinHugePageBuffer bytes, it asks Linux to back the 2 MiB pages the
-// buffer lies in with huge pages (MADV_HUGEPAGE, for pages faulted in later) and to
-// collapse the pages already there now (MADV_COLLAPSE, Linux 6.1+) rather than wait for
-// khugepaged's slow scan. It is advice: no value changes, and where Linux declines
-// (transparent huge pages set to "never", an older kernel, no free huge page) the
-// buffer stays on small pages. The update ops' `huge_pages` attribute (picasso_tf's
+// page walk (a two-level one under a hypervisor); huge pages (2 MiB on x86-64) let the
+// TLB cover a table of hundreds of megabytes. So the first time an update op sees a
+// variable buffer of at least kMinHugePageBuffer bytes, it asks Linux to back the huge
+// pages the buffer lies in with huge pages (MADV_HUGEPAGE, for pages faulted in later)
+// and to collapse the pages already there now (MADV_COLLAPSE, Linux 6.1+) rather than
+// wait for khugepaged's slow scan. It is advice: no value changes, and where Linux
+// declines (an older kernel, no free huge page) the buffer stays on small pages. Where
+// transparent huge pages are set to "never", nothing is asked. The pages at a buffer's
+// ends hold its neighbours too, which the advice then covers. The update ops' `huge_pages` attribute (picasso_tf's
 // `huge_pages` option) asks for it; each kernel advises a buffer once.
 #ifndef PICASSO_TF_CUSTOM_OPS_HUGE_PAGES_H_
 #define PICASSO_TF_CUSTOM_OPS_HUGE_PAGES_H_

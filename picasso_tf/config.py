@@ -109,9 +109,11 @@ class Config:
       tables' optimizer slots, with transparent huge pages (Linux's madvise, asked once
       per table): a step reads and writes rows scattered over the tables, and on 4 KiB
       pages nearly every row costs a TLB miss. Advice only, no value changes; where
-      Linux declines (transparent huge pages "never", a kernel before 6.1) the tables
-      stay on small pages. The price is a few MiB of memory at most per table (the
-      2 MiB pages at a table's ends). Tables the Keras optimizer updates are left alone.
+      Linux declines (a kernel before 6.1) the tables stay on small pages, and where
+      transparent huge pages are set to "never" nothing is asked. The price: at most
+      two huge pages (4 MiB on x86-64) of memory per table and per slot (the pages at
+      its ends), and a longer first step. Tables that the Keras optimizer or a hot tier
+      updates are left alone.
 
     HybridHash (docs/hybrid-hash-and-vocabularies.md)
     -------------------------------------------------
