@@ -10,8 +10,9 @@
 // wait for khugepaged's slow scan. It is advice: no value changes, and where Linux
 // declines (an older kernel, no free huge page) the buffer stays on small pages. Where
 // transparent huge pages are set to "never", nothing is asked. The pages at a buffer's
-// ends hold its neighbours too, which the advice then covers. The update ops' `huge_pages` attribute (picasso_tf's
-// `huge_pages` option) asks for it; each kernel advises a buffer once.
+// ends hold its neighbours too, which the advice then covers. The update ops'
+// `huge_pages` attribute (picasso_tf's `huge_pages` option) asks for it; each kernel
+// advises a buffer once.
 #ifndef PICASSO_TF_CUSTOM_OPS_HUGE_PAGES_H_
 #define PICASSO_TF_CUSTOM_OPS_HUGE_PAGES_H_
 
