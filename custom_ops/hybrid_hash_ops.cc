@@ -343,67 +343,69 @@ class TableOp : public OpKernel {
   }
 };
 
-class FindOrInsertOp : public TableOp {
+// An op that reads rows of its attr `dim` floats: output 0 holds a row per key.
+class RowsOutputOp : public TableOp {
  public:
-  explicit FindOrInsertOp(OpKernelConstruction* c) : TableOp(c) {
+  explicit RowsOutputOp(OpKernelConstruction* c) : TableOp(c) {
     OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<HashTableResource> resource;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &resource));
-    Table& table = resource->table();
-    OP_REQUIRES(ctx, table.config().dim == dim_,
-                errors::InvalidArgument(name(), ": the op asks for rows of ", dim_,
-                                        " floats but the hash table's dim is ",
-                                        table.config().dim));
-    const Tensor& keys = ctx->input(1);
-    const Tensor& step = ctx->input(2);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step.shape()),
-                errors::InvalidArgument(name(), ": step must be a scalar, got shape ",
-                                        step.shape().DebugString()));
+ protected:
+  // The table, refused unless its rows are `dim` wide; and output 0, [keys..., dim].
+  Status TableAndRows(OpKernelContext* ctx, const Tensor& keys,
+                      core::RefCountPtr<HashTableResource>* resource, Tensor** rows) {
+    TF_RETURN_IF_ERROR(GetTable(ctx, resource));
+    const int64_t table_dim = (*resource)->table().config().dim;
+    if (table_dim != dim_) {
+      return errors::InvalidArgument(name(), ": the op asks for rows of ", dim_,
+                                     " floats but the hash table's dim is ", table_dim);
+    }
     TensorShape shape = keys.shape();
     shape.AddDim(dim_);
-    Tensor* rows = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &rows));
-    const ParallelFor pool = PoolOf(ctx);
-    std::unique_lock<std::shared_mutex> lock(table.mutex());
-    table.FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), step.scalar<int64_t>()(),
-                       rows->flat<float>().data(), &pool);
+    return ctx->allocate_output(0, shape, rows);
   }
 
  private:
   int64_t dim_;
 };
 
-class LookupOp : public TableOp {
+class FindOrInsertOp : public RowsOutputOp {
  public:
-  explicit LookupOp(OpKernelConstruction* c) : TableOp(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("dim", &dim_));
-  }
+  using RowsOutputOp::RowsOutputOp;
 
   void Compute(OpKernelContext* ctx) override {
-    core::RefCountPtr<HashTableResource> resource;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &resource));
-    Table& table = resource->table();
-    OP_REQUIRES(ctx, table.config().dim == dim_,
-                errors::InvalidArgument(name(), ": the op asks for rows of ", dim_,
-                                        " floats but the hash table's dim is ",
-                                        table.config().dim));
     const Tensor& keys = ctx->input(1);
-    TensorShape shape = keys.shape();
-    shape.AddDim(dim_);
+    const Tensor& step = ctx->input(2);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step.shape()),
+                errors::InvalidArgument(name(), ": step must be a scalar, got shape ",
+                                        step.shape().DebugString()));
+    core::RefCountPtr<HashTableResource> resource;
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, TableAndRows(ctx, keys, &resource, &rows));
+    Table& table = resource->table();
+    const ParallelFor pool = PoolOf(ctx);
+    std::unique_lock<std::shared_mutex> lock(table.mutex());
+    table.FindOrInsert(keys.flat<int64_t>().data(), keys.NumElements(), step.scalar<int64_t>()(),
+                       rows->flat<float>().data(), &pool);
+  }
+};
+
+class LookupOp : public RowsOutputOp {
+ public:
+  using RowsOutputOp::RowsOutputOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(1);
+    core::RefCountPtr<HashTableResource> resource;
     Tensor *rows = nullptr, *found = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &rows));
+    OP_REQUIRES_OK(ctx, TableAndRows(ctx, keys, &resource, &rows));
+    Table& table = resource->table();
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &found));
     const ParallelFor pool = PoolOf(ctx);
     std::shared_lock<std::shared_mutex> lock(table.mutex());
     table.Lookup(keys.flat<int64_t>().data(), keys.NumElements(), rows->flat<float>().data(),
                  found->flat<bool>().data(), &pool);
   }
-
- private:
-  int64_t dim_;
 };
 
 class CountsOp : public TableOp {

@@ -402,3 +402,13 @@ def test_errors_are_named_and_change_nothing():
         HashTable(4, num_partitions=6)
     with pytest.raises(ValueError, match=r"GlorotUniform.*not supported"):
         HashTable(4, initializer="glorot_uniform")
+
+
+@pytest.mark.parametrize("op", ["picasso_hash_table_find_or_insert", "picasso_hash_table_lookup"])
+def test_rows_of_another_width_are_refused_and_nothing_is_inserted(op):
+    table = HashTable(dim=4, seed=3)
+    keys = tf.constant([5, 9], tf.int64)
+    args = (table.handle, keys, tf.constant(0, tf.int64)) if "insert" in op else (table.handle, keys)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="asks for rows of 8 floats but the hash table's dim is 4"):
+        getattr(load(), op)(*args, dim=8)
+    assert table.export().keys.shape == (0,)
