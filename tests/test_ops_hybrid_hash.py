@@ -392,7 +392,7 @@ def test_errors_are_named_and_change_nothing():
     _assert_unchanged(table, before)
     # the op's dim against the table's, for both ops that return rows
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"rows of 3 floats but the hash table's dim is 4"):
-        load().picasso_hash_table_find_or_insert(table.handle, tf.constant([1], tf.int64),
+        load().picasso_hash_table_find_or_insert(table.handle, tf.constant([7], tf.int64),
                                                  tf.constant(0, tf.int64), dim=3)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"rows of 8 floats but the hash table's dim is 4"):
         load().picasso_hash_table_lookup(table.handle, tf.constant([1], tf.int64), dim=8)
