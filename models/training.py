@@ -17,6 +17,8 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
+from picasso_tf.api import PicassoModel
+
 OPTIMIZERS = {"adam": tf.keras.optimizers.Adam, "adagrad": tf.keras.optimizers.Adagrad,
               "sgd": tf.keras.optimizers.SGD, "rmsprop": tf.keras.optimizers.RMSprop,
               "ftrl": tf.keras.optimizers.Ftrl}
@@ -60,7 +62,25 @@ def compile_model(model, recipe):
     """Compiles with the recipe's optimizer, binary cross-entropy and AUC per output."""
     opt = OPTIMIZERS[recipe["optimizer"]](learning_rate=recipe["learning_rate"])
     model.compile(optimizer=opt, loss="binary_crossentropy", metrics=[tf.keras.metrics.AUC(name="auc")])
+    build_optimizer(model)
     return model
+
+
+def build_optimizer(model):
+    """Creates the compiled optimizer's slots for the model's trainable variables now, as
+    Keras would in the first training step. Created there, they make tf.function trace
+    the step a second time (a step's graph may create variables only on its first
+    trace), which doubles the first step's cost; the values are the same either way.
+    Left to Keras where the slots could differ or are not known yet: a model not built
+    yet, one with its own train_step, a loss-scaled optimizer. A PicassoModel builds its
+    optimizer itself, the same way."""
+    optimizer = model.optimizer
+    if (isinstance(model, PicassoModel) or not model.built or type(model).train_step is not tf.keras.Model.train_step
+            or not isinstance(optimizer, tf.keras.optimizers.Optimizer)
+            or isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)):
+        return
+    with tf.init_scope(), tf.name_scope(optimizer.name or "optimizer"):
+        optimizer.build(model.trainable_variables)
 
 
 def _targets(model, labels):

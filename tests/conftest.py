@@ -17,6 +17,7 @@ pytest 9.2 made --dist loadgroup hand out every test alone (it marks a test's gr
 on its node id, which pytest 9.2 no longer lets it change: pytest-xdist issue 1386), so
 requirements.txt keeps pytest below 9.2, and a worker that finds the groups lost stops."""
 import fcntl
+import functools
 import os
 import shutil
 
@@ -86,3 +87,24 @@ def horovod_jobs(request, tmp_path_factory):
             _run_launches(request, root)
             done.write_text(worker)
     return root
+
+
+def pytest_configure(config):
+    """A plain Keras model that a test compiles builds its optimizer there
+    (picasso_tf.models.training.build_optimizer, as picasso_tf builds its own): Keras
+    would create the slots inside the first step's trace, and tf.function then traces
+    the step a second time, most of a small test's time. Keras' own compile stays
+    reachable as tf.keras.Model.compile.__wrapped__, for a test about Keras' behaviour."""
+    import tensorflow as tf
+
+    from picasso_tf.models.training import build_optimizer
+
+    keras_compile = tf.keras.Model.compile
+
+    @functools.wraps(keras_compile)
+    def compile_and_build(model, *args, **kwargs):
+        keras_compile(model, *args, **kwargs)
+        build_optimizer(model)
+
+    tf.keras.Model.compile = compile_and_build
+    config.add_cleanup(lambda: setattr(tf.keras.Model, "compile", keras_compile))

@@ -418,7 +418,7 @@ def _target_dataset(names, data, batch_size, seed, ranks):
 
 def _compile(model, recipe, ranks):
     import tensorflow as tf
-    from picasso_tf.models.training import OPTIMIZERS as KERAS_OPTIMIZERS
+    from picasso_tf.models.training import OPTIMIZERS as KERAS_OPTIMIZERS, build_optimizer
     optimizer = KERAS_OPTIMIZERS[recipe["optimizer"]](learning_rate=recipe["learning_rate"])
     if ranks.size > 1 and not hasattr(model, "picasso"):
         # The baseline: Horovod's data parallelism (picasso models exchange their own gradients).
@@ -427,6 +427,7 @@ def _compile(model, recipe, ranks):
         hvd.broadcast_variables(model.variables, root_rank=0)
         optimizer = hvd_keras.DistributedOptimizer(optimizer)
     model.compile(optimizer=optimizer, loss="binary_crossentropy", metrics=[tf.keras.metrics.AUC(name="auc")])
+    build_optimizer(model)
     if hasattr(model, "picasso"):
         model.picasso.check_optimizer(model.optimizer)
     return model

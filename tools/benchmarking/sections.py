@@ -27,6 +27,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from picasso_tf.models.training import build_optimizer
 from picasso_tf.tools.benchmarking import models as bm
 from picasso_tf.tools.benchmarking.breakdown import op_breakdown
 from picasso_tf.tools.benchmarking.stages import stage_times
@@ -193,6 +194,7 @@ def _fresh_optimizer(name, learning_rate=None):
 
 def _compile(model, optimizer):
     model.compile(optimizer=_fresh_optimizer(optimizer), loss="binary_crossentropy")
+    build_optimizer(model)
     return model
 
 
