@@ -75,6 +75,32 @@ def test_the_step_that_builds_the_storage_and_the_slots_is_traced_once():
     assert fresh.predict_function.experimental_get_tracing_count() == 1
 
 
+def test_a_plain_model_whose_optimizer_is_built_at_compile_is_traced_once_and_trains_as_keras():
+    """models.training.build_optimizer (the zoo's trainer, picasso-bench's and the tests'
+    plain models): the slots Keras would make in the first trace, made before it; the
+    same losses and slots. Models whose slots are not known at compile are left to Keras."""
+    from picasso_tf.models.training import build_optimizer
+    x, y = features()
+    lazy, built = wide_deep(), wide_deep()
+    tf.keras.Model.compile.__wrapped__(lazy, optimizer="adam", loss="binary_crossentropy")   # Keras' alone: conftest
+    tf.keras.Model.compile.__wrapped__(built, optimizer="adam", loss="binary_crossentropy")
+    build_optimizer(built)
+    assert len(built.optimizer.variables) == 1 + 2 * len(built.trainable_variables)      # before any step
+    fits = [m.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"] for m in (lazy, built)]
+    np.testing.assert_allclose(fits[1], fits[0], rtol=1e-6)
+    for m in (lazy, built):                         # the same names (each model's own layers)
+        assert [v.name for v in m.optimizer.variables] == ["iteration:0"] + [
+            f"Adam/{slot}/{v.name}" for v in m.trainable_variables for slot in "mv"]
+    for a, b in zip(built.optimizer.variables, lazy.optimizer.variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    assert [m.train_function.experimental_get_tracing_count() for m in (built, lazy)] == [1, 2]
+
+    unbuilt = Tower()
+    tf.keras.Model.compile.__wrapped__(unbuilt, optimizer="adam", loss="binary_crossentropy")
+    build_optimizer(unbuilt)                        # its variables do not exist yet
+    assert [v.name for v in unbuilt.optimizer.variables] == ["iteration:0"]          # no slots
+
+
 # -- 12: .keras save and load -----------------------------------------------------------
 def test_keras_file_round_trips_through_save_and_model_checkpoint(tmp_path):
     model = picasso.optimize(wide_deep())
