@@ -107,8 +107,9 @@ def _header(results, source):
         "",
         "**Method.** Baseline = the plain Keras model (stock `model.fit`); picasso = a copy with the same "
         "initial weights through `picasso_tf.optimize`; both compiled with fresh instances of the same "
-        "optimizer, fed the same pre-built in-memory batches (a prefetched `tf.data` pipeline over stored "
-        "tensors, so reading costs nothing). After a warm-up `fit` per variant (tracing and first steps), "
+        "optimizer (the baseline's built at compile, as picasso_tf builds its own, so each traces its step "
+        "once: `models/training.py`'s `build_optimizer`), fed the same pre-built in-memory batches (a "
+        "prefetched `tf.data` pipeline over stored tensors, so reading costs nothing). After a warm-up `fit` per variant (tracing and first steps), "
         f"the variants take turns (ABAB..., the starting one rotating) for several rounds; a step's time is "
         "the interval between consecutive `on_train_batch_end` callbacks, and each variant's round runs "
         f"enough steps to last at least {_window(results)} s. Each cell gives the median over "
