@@ -70,7 +70,8 @@ def build_optimizer(model):
     """Creates the compiled optimizer's slots for the model's trainable variables now, as
     Keras would in the first training step. Created there, they make tf.function trace
     the step a second time (a step's graph may create variables only on its first
-    trace), which doubles the first step's cost; the values are the same either way.
+    trace), which doubles the first step's cost; the values are the same either way (a
+    variable no loss reaches gets slots Keras would not make, never updated).
     Left to Keras where the slots could differ or are not known yet: a model not built
     yet, one with its own train_step, a loss-scaled optimizer. A PicassoModel builds its
     optimizer itself, the same way."""
