@@ -1,14 +1,16 @@
 """Issue 24's slow zoo cells: is picasso_tf really slower than Keras on criteo/star and
 criteo/dcn_v2, and if so which pass costs? (results: benchmarks/zoo_slow_cells.txt)
+Issue 38's cells below 95% of their dense-only bound: how near can they get?
 
   python benchmarks/zoo_slow_cells.py spread star dcn_v2      # the zoo cell, repeated
   python benchmarks/zoo_slow_cells.py ablation star dcn_v2    # one pass off at a time
   python benchmarks/zoo_slow_cells.py breakdown star dcn_v2   # per-op time, Keras vs picasso_tf
   python benchmarks/zoo_slow_cells.py teardown dcn_v2         # fit's duration vs its steps, traced
+  python benchmarks/zoo_slow_cells.py ceiling lr alibaba/lr   # picasso_tf's kernels against the bound
 
-Every part builds the cell as picasso-bench's zoo section does (criteo-like data,
-batch 1024, Adagrad, the zoo's default hyper-parameters) and times it with the suite's
-interleaved `measure`.
+Every part builds the cell as picasso-bench's zoo section does (criteo-like data unless a
+model is named DATASET/MODEL, batch 1024, Adagrad, the zoo's default hyper-parameters) and
+times it with the suite's interleaved `measure`.
 
 spread: the zoo cell (5 rounds) REPEATS times, alternating the suite's 3 steps a round
 with 20 (rounds of about 0.25 s instead of 40 ms: does a longer round steady the cell?);
@@ -20,6 +22,15 @@ and picasso_tf alternated twice; per op type the two traces' ms/step and kernels
 teardown: why op_breakdown times each step instead of dividing fit's duration by the steps:
 three traced fits of 30 steps per variant, fit's duration per step beside the median traced
 step and the longest TFE_DeleteTensorHandle after the last step.
+ceiling: the dense-only bound is the model with an embedding layer that costs nothing, so
+picasso_tf's own kernels (every op type named Picasso*: the lookups, their gradients and
+the fused updates) are time the bound never spends. 30 traced steps of picasso_tf and of
+the bound, alternated twice; per cell the traced steps, the kernels' time, the time of
+the op types the bound spends more on than picasso_tf (its slices of the dense input),
+and the ceiling: the bound's step over the step picasso_tf would take if everything but
+its kernels ran as in the bound, bound / (bound + kernels - bound's extra). Summing only
+the positive differences errs high, so a cell whose ceiling is below 95% cannot reach
+issue 38's target without faster kernels.
 """
 import os
 import shutil
@@ -47,11 +58,15 @@ ABLATIONS = {"stitching=False": {"stitching": False},
              "packing=False": {"packing": False}}
 
 
-def cell(name, extra=None):
-    data = bench.criteo_data(SIZES, SIZES.zoo_batch * SIZES.batches, SIZES.zoo_max_buckets)
+def cell(spec, extra=None, with_bound=False):
+    """The variants of zoo cell `spec` (MODEL, criteo-like, or DATASET/MODEL)."""
+    dataset, name = spec.split("/") if "/" in spec else ("criteo", spec)
+    rows = SIZES.zoo_batch * SIZES.batches
+    data = bench.criteo_data(SIZES, rows, SIZES.zoo_max_buckets) if dataset == "criteo" \
+        else bench.alibaba_data(SIZES, rows)
     build = bench.zoo_builder(name, data.schema, data, SIZES)
-    trio, _ = bench.build_trio(build, data, SIZES.zoo_batch, "adagrad", SIZES, with_bound=False, extra=extra)
-    print(f"\n== criteo/{name}")
+    trio, _ = bench.build_trio(build, data, SIZES.zoo_batch, "adagrad", SIZES, with_bound=with_bound, extra=extra)
+    print(f"\n== {dataset}/{name}")
     return trio.variants
 
 
@@ -85,14 +100,21 @@ def ablation(name):
               f"rounds below 1.0: {sum(x < 1 for x in r['per_round'])}/12")
 
 
-def breakdown(name):
-    variants = cell(name)
+def alternated_traces(variants, top):
+    """Two op_breakdown traces of 30 steps per variant, the variants in turn, after a warm-up
+    (tracing stays out of the traces)."""
     for v in variants:
-        step_times(v.model, v.dataset, 5)                   # warm-up: tracing stays out of the traces
+        step_times(v.model, v.dataset, 5)
     traces = {v.name: [] for v in variants}
     for order in (variants, variants[::-1]):
         for v in order:
-            traces[v.name].append(op_breakdown(v.model, v.dataset, steps=30, top=80))
+            traces[v.name].append(op_breakdown(v.model, v.dataset, steps=30, top=top))
+    return traces
+
+
+def breakdown(name):
+    variants = cell(name)
+    traces = alternated_traces(variants, top=80)
     print(f"load {load()}; ms/step (trace 1 / trace 2), kernels/step")
     for n, bs in traces.items():
         walls = " / ".join(f"{b['wall_ms_per_step']:.1f}" for b in bs)
@@ -137,7 +159,35 @@ def teardown(name):
                   f"ms; after the last step a TFE_DeleteTensorHandle of {max(deletes, default=0.0):6.1f} ms")
 
 
+def ceiling(spec):
+    variants = [v for v in cell(spec, with_bound=True) if v.name in ("picasso", "bound")]
+    if len(variants) < 2:
+        print("  no dense-only bound for this cell")
+        return
+    traces = alternated_traces(variants, top=10_000)
+
+    def mean_ms(name):
+        """Per op type, ms per step averaged over the variant's traces."""
+        out = {}
+        for b in traces[name]:
+            for t in b["by_type"]:
+                out[t["op"]] = out.get(t["op"], 0.0) + t["ms_per_step"] / len(traces[name])
+        return out
+
+    picasso, bound = mean_ms("picasso"), mean_ms("bound")
+    walls = {n: statistics.mean(b["wall_ms_per_step"] for b in bs) for n, bs in traces.items()}
+    kernels = {op: ms for op, ms in picasso.items() if op.startswith("Picasso")}
+    bound_extra = sum(max(0.0, ms - picasso.get(op, 0.0)) for op, ms in bound.items())
+    top = ", ".join(f"{op} {ms:.2f}" for op, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:4])
+    print(f"load {load()}; traced step (mean of 2 traces of 30): bound {walls['bound']:.2f} ms, picasso_tf "
+          f"{walls['picasso']:.2f} ms: {walls['bound'] / walls['picasso']:.0%} of the bound")
+    print(f"  picasso_tf's kernels {sum(kernels.values()):.2f} ms a step ({top}); the bound's extra op time "
+          f"{bound_extra:.2f} ms")
+    print(f"  ceiling {walls['bound'] / (walls['bound'] + sum(kernels.values()) - bound_extra):.0%} of the bound")
+
+
 if __name__ == "__main__":
     part, models = sys.argv[1], sys.argv[2:] or ["star", "dcn_v2"]
     for model in models:
-        {"spread": spread, "ablation": ablation, "breakdown": breakdown, "teardown": teardown}[part](model)
+        {"spread": spread, "ablation": ablation, "breakdown": breakdown, "teardown": teardown,
+         "ceiling": ceiling}[part](model)
