@@ -30,8 +30,9 @@ the bound, alternated twice; per cell the traced steps, the kernels' time, the t
 the op types the bound spends more on than picasso_tf (its slices of the dense input),
 and the ceiling: the bound's step over the step picasso_tf would take if everything but
 its kernels ran as in the bound, bound / (bound + kernels - bound's extra). Summing only
-the positive differences errs high, so a cell whose ceiling is below 95% cannot reach
-issue 38's target without faster kernels.
+the positive differences errs high, so where ops do not run at once (op time per step at
+or below 1) a cell whose ceiling is below 95% cannot reach issue 38's target without
+faster kernels; above 1 the ceiling, which counts op time as step time, is indicative.
 """
 import os
 import shutil
