@@ -1,9 +1,10 @@
-"""Models written by others: DeepCTR (a public Keras CTR library) is recognised from
-graph structure alone and trains exactly like the original under the decorator.
+"""Models written by others: DeepCTR (a public Keras CTR library) and tf.feature_column
+models are recognised from graph structure alone and trains exactly like the original under the decorator.
 
 DeepCTR names, nests and regularizes its embeddings its own way (an l2 regularizer on
 every table, so each table is also read whole), and pools behaviour sequences with
-its own masked layers.
+its own masked layers. TensorFlow's feature columns (read by Keras' DenseFeatures) turn
+dense inputs into SparseTensors and look them up with safe_embedding_lookup_sparse.
 """
 import numpy as np
 import pytest
@@ -98,3 +99,63 @@ def test_deepctr_hashed_features_stay_bins_under_dynamic_vocabulary_and_say_why(
         losses[name] = [model.train_on_batch({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
                                              labels[i * BATCH:(i + 1) * BATCH]) for i in range(5)]
     np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-5)
+
+
+def feature_column_wide_and_deep():
+    """The classic TensorFlow wide-and-deep: tf.feature_column columns read by Keras'
+    DenseFeatures (identity, string vocabulary list with out-of-vocabulary values,
+    hash buckets on a padded multi-hot feature, a crossed column, an indicator and a
+    width-1 linear part), as tf.estimator users brought them to Keras."""
+    fc = tf.feature_column
+    user, item = fc.categorical_column_with_identity("user", 50), fc.categorical_column_with_identity("item", 50)
+    genre = fc.categorical_column_with_vocabulary_list("genre", ["a", "b", "c", "d"])
+    tags = fc.categorical_column_with_hash_bucket("tags", 40, dtype=tf.int64)
+    deep = [fc.embedding_column(user, 8), fc.embedding_column(item, 8), fc.embedding_column(genre, 4),
+            fc.embedding_column(tags, 4, combiner="mean"), fc.embedding_column(fc.crossed_column([user, "genre"], 100), 4),
+            fc.numeric_column("price")]
+    wide = [fc.indicator_column(genre), fc.embedding_column(tags, 1, combiner="sum")]
+    x = {"user": tf.keras.Input((1,), dtype="int64", name="user"),
+         "item": tf.keras.Input((1,), dtype="int64", name="item"),
+         "genre": tf.keras.Input((1,), dtype="string", name="genre"),
+         "tags": tf.keras.Input((5,), dtype="int64", name="tags"),
+         "price": tf.keras.Input((1,), name="price")}
+    hidden = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.DenseFeatures(deep)(x))
+    both = tf.keras.layers.Concatenate()([hidden, tf.keras.layers.DenseFeatures(wide)(x)])
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(both))
+
+
+def feature_column_data(n):
+    rng = np.random.default_rng(0)
+    tags = rng.integers(0, 1000, (n, 5))
+    tags[rng.random((n, 5)) < 0.3] = -1          # the columns' padding: dropped
+    tags[:BATCH // 2] = -1                       # rows with no tag at all
+    features = {"user": rng.integers(0, 50, (n, 1)), "item": rng.integers(0, 50, (n, 1)),
+                "genre": rng.choice(np.array(["a", "b", "c", "d", "unknown"]), (n, 1)), "tags": tags,
+                "price": rng.random((n, 1)).astype("float32")}
+    return features, (rng.random(n) < 0.4).astype("float32")
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_feature_column_model_is_recognised_and_trains_exactly(optimizer):
+    tf.keras.utils.set_random_seed(1)
+    baseline, original = feature_column_wide_and_deep(), feature_column_wide_and_deep()
+    original.set_weights(baseline.get_weights())
+    optimized = picasso.optimize(original)
+    analysis = optimized.picasso.reports["training"]["analysis"]
+    # Every table but the indicator's one-hot (no table) is looked up by a fused kernel.
+    assert len(analysis["sites"]) == 6 and not analysis["left_alone"], optimized.picasso.report()
+    features, labels = feature_column_data(BATCH * 10)
+    losses = {}
+    for name, model in (("baseline", baseline), ("picasso", optimized)):
+        model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy")
+        losses[name] = [model.train_on_batch({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
+                                             labels[i * BATCH:(i + 1) * BATCH]) for i in range(10)]
+    np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-5)
+    optimized.picasso.write_back()
+    for b, o in zip(baseline.weights, optimized.original.weights):
+        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
+    # An identity column's id outside its buckets fails the step, as the column's own check does.
+    bad = {k: v[:BATCH].copy() for k, v in features.items()}
+    bad["user"][3] = 50
+    with pytest.raises(tf.errors.InvalidArgumentError, match="user"):
+        optimized.train_on_batch(bad, labels[:BATCH])
