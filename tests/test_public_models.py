@@ -135,16 +135,50 @@ def feature_column_data(n):
     return features, (rng.random(n) < 0.4).astype("float32")
 
 
+def keras_preprocessing_model():
+    """Keras' preprocessing layers in the model, feeding Keras Embeddings: a string and an
+    integer vocabulary lookup (out-of-vocabulary ids), a masked multi-valued string
+    feature (averaged, and multi-hot encoded), a discretised float and a hashed cross."""
+    layers = tf.keras.layers
+    x = {"city": tf.keras.Input((1,), dtype="string", name="city"),
+         "user": tf.keras.Input((1,), dtype="int64", name="user"),
+         "genres": tf.keras.Input((4,), dtype="string", name="genres"), "age": tf.keras.Input((1,), name="age")}
+    city = layers.StringLookup(vocabulary=["paris", "rome", "oslo"], num_oov_indices=2)(x["city"])
+    user = layers.IntegerLookup(vocabulary=list(range(100, 140)), mask_token=None)(x["user"])
+    genres = layers.StringLookup(vocabulary=["a", "b", "c", "d", "e"], mask_token="")(x["genres"])
+    age = layers.Discretization(bin_boundaries=[0.2, 0.4, 0.6, 0.8])(x["age"])
+    cross = layers.HashedCrossing(num_bins=64)((x["city"], x["user"]))
+    parts = [layers.Flatten()(layers.Embedding(6, 8)(city)), layers.Flatten()(layers.Embedding(42, 8)(user)),
+             layers.GlobalAveragePooling1D()(layers.Embedding(7, 8, mask_zero=True)(genres)),
+             layers.Flatten()(layers.Embedding(5, 8)(age)), layers.Flatten()(layers.Embedding(64, 8)(cross)),
+             layers.CategoryEncoding(num_tokens=7, output_mode="multi_hot")(genres)]
+    hidden = layers.Dense(8, activation="relu")(layers.Concatenate()(parts))
+    return tf.keras.Model(x, layers.Dense(1, activation="sigmoid")(hidden))
+
+
+def keras_preprocessing_data(n):
+    rng = np.random.default_rng(0)
+    features = {"city": rng.choice(np.array(["paris", "rome", "oslo", "nyc"]), (n, 1)),
+                "user": rng.integers(95, 145, (n, 1)),
+                "genres": rng.choice(np.array(["a", "b", "c", "d", "e", "", "unknown"]), (n, 4)),
+                "age": rng.random((n, 1)).astype("float32")}
+    return features, (rng.random(n) < 0.4).astype("float32")
+
+
+@pytest.mark.parametrize("model_and_data", [(feature_column_wide_and_deep, feature_column_data, 6),
+                                            (keras_preprocessing_model, keras_preprocessing_data, 5)],
+                         ids=["feature_columns", "keras_preprocessing"])
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
-def test_feature_column_model_is_recognised_and_trains_exactly(optimizer):
+def test_tensorflow_s_own_feature_preprocessing_is_recognised_and_trains_exactly(model_and_data, optimizer):
+    builder, make_data, tables = model_and_data
     tf.keras.utils.set_random_seed(1)
-    baseline, original = feature_column_wide_and_deep(), feature_column_wide_and_deep()
+    baseline, original = builder(), builder()
     original.set_weights(baseline.get_weights())
     optimized = picasso.optimize(original)
     analysis = optimized.picasso.reports["training"]["analysis"]
-    # Every table but the indicator's one-hot (no table) is looked up by a fused kernel.
-    assert len(analysis["sites"]) == 6 and not analysis["left_alone"], optimized.picasso.report()
-    features, labels = feature_column_data(BATCH * 10)
+    # Every table is looked up by a fused kernel (an indicator column and a multi-hot encoding have none).
+    assert len(analysis["sites"]) == tables and not analysis["left_alone"], optimized.picasso.report()
+    features, labels = make_data(BATCH * 10)
     losses = {}
     for name, model in (("baseline", baseline), ("picasso", optimized)):
         model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy")
@@ -154,8 +188,15 @@ def test_feature_column_model_is_recognised_and_trains_exactly(optimizer):
     optimized.picasso.write_back()
     for b, o in zip(baseline.weights, optimized.original.weights):
         np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
-    # An identity column's id outside its buckets fails the step, as the column's own check does.
-    bad = {k: v[:BATCH].copy() for k, v in features.items()}
-    bad["user"][3] = 50
-    with pytest.raises(tf.errors.InvalidArgumentError, match="user"):
-        optimized.train_on_batch(bad, labels[:BATCH])
+
+
+def test_an_id_outside_a_feature_column_s_buckets_fails_the_step_naming_the_feature():
+    """The plain model fails the step in its gather; the fused lookup names the feature
+    the ids came from, through the columns' conversion of the input to a SparseTensor."""
+    features, labels = feature_column_data(BATCH)
+    features["user"][3] = 50
+    for model in (feature_column_wide_and_deep(), picasso.optimize(feature_column_wide_and_deep())):
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        with pytest.raises(tf.errors.InvalidArgumentError) as refused:
+            model.train_on_batch(features, labels)
+    assert "ids of feature 'user' must lie in [0, 50): got 50" in refused.value.message

@@ -24,11 +24,13 @@ from picasso_tf.passes.sequence_pooling import pool_sequences
 from picasso_tf.passes.stitching import find_stitches
 from picasso_tf.program import LookupRecord, StorageRef, TableLayout, TableMember
 
-# Ops that pass ids through unchanged in meaning, followed back to name a site's feature.
-# Ops between a model input and the ids a site looks up (hashed ids too are their input's feature).
-_ID_PASSTHROUGH = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StridedSlice", "Unique",
-                   "SparseFillEmptyRows", "SparseReshape", "AsString", "StringToHashBucketFast",
-                   "StringToHashBucketStrong", "StringToHashBucket", "FloorMod"}
+# Ops between a model input and the ids a site looks up that keep them that input's ids
+# (hashed, gathered, made sparse, looked up in a vocabulary), each with the input that
+# carries them; followed back to name a site's feature.
+_ID_PASSTHROUGH = {**dict.fromkeys(("Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StridedSlice", "Unique",
+                                    "AsString", "StringToHashBucketFast", "StringToHashBucketStrong",
+                                    "StringToHashBucket", "FloorMod", "GatherV2", "GatherNd"), 0),
+                   "SparseFillEmptyRows": 1, "LookupTableFindV2": 1}
 
 
 def k_packing(program, graph, config):
@@ -313,8 +315,8 @@ def site_feature_names(captured, analysis):
     names = {}
     for site in analysis.sites:
         node = index.node(site.ids)
-        while node.op in _ID_PASSTHROUGH and node.input:
-            node = index.node(node.input[0])
+        while node.op in _ID_PASSTHROUGH and len(node.input) > _ID_PASSTHROUGH[node.op]:
+            node = index.node(node.input[_ID_PASSTHROUGH[node.op]])
         names[site.output] = inputs.get(node.name, site.variable_name)
     return names
 

@@ -1,0 +1,97 @@
+"""Padded ids read as they are, or as the SparseTensor a model makes of them?
+
+A model that pools padded ids [B, L] (0 = no id) can write the pooling two ways, and
+picasso_tf fuses both: `tf.sparse.from_dense` + `tf.nn.safe_embedding_lookup_sparse`
+(the zoo's DLRM; the fused lookup reads only the kept ids, and the model's own
+`Where` / `GatherNd` / `SparseFillEmptyRows` stay), or a lookup of every position summed
+with a weight `id != 0` (sequence pooling: no conversion, but the fused kernels read,
+differentiate and update every position, padding too). Which is faster decides whether
+a pass rewriting the first into the second would pay.
+
+  python benchmarks/padded_ids.py [--fills 0.05,0.2,0.5,0.9] [--batch 1024]
+
+Six such features (L = 50, 10,000 ids, width 16) feeding a small MLP, Adagrad, a cached
+`tf.data` pipeline; per fill (the mean share of non-padding positions: lengths uniform
+in [0, 2 * fill * L]) both models under picasso_tf, fit calls of 60 steps alternated
+over 5 rounds; prints the median ms per step and the per-round ratio.
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np            # noqa: E402
+import tensorflow as tf       # noqa: E402
+
+from dense_packing import alternating   # noqa: E402
+
+LENGTH, VOCAB, DIM, FEATURES, STEPS = 50, 10_000, 16, 6, 60
+
+
+class SparseBag(tf.keras.layers.Layer):
+    """The padded ids as a SparseTensor, pooled by safe_embedding_lookup_sparse."""
+
+    def build(self, shape):
+        self.table = self.add_weight("table", (VOCAB, DIM), initializer="uniform")
+
+    def call(self, ids):
+        return tf.nn.safe_embedding_lookup_sparse(self.table, tf.sparse.from_dense(ids), combiner="sum")
+
+
+class MaskedBag(SparseBag):
+    """Every position looked up, weighted by whether it holds an id, and summed."""
+
+    def call(self, ids):
+        weights = tf.cast(ids != 0, tf.float32)[..., None]
+        return tf.reduce_sum(tf.nn.embedding_lookup(self.table, ids) * weights, axis=1)
+
+
+def build(bag):
+    inputs = [tf.keras.Input((LENGTH,), dtype="int64", name=f"seq{i}") for i in range(FEATURES)]
+    x = tf.keras.layers.Concatenate()([bag()(ids) for ids in inputs])
+    x = tf.keras.layers.Dense(64, activation="relu")(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(x))
+
+
+def dataset(fill, batch):
+    rng = np.random.default_rng(0)
+    n = batch * 16
+    features = {}
+    for i in range(FEATURES):
+        ids = rng.integers(1, VOCAB, (n, LENGTH))
+        lengths = rng.integers(0, int(2 * fill * LENGTH) + 1, n).clip(0, LENGTH)
+        ids[np.arange(LENGTH)[None, :] >= lengths[:, None]] = 0
+        features[f"seq{i}"] = ids
+    labels = (rng.random(n) < 0.3).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch).cache().repeat()
+
+
+def main(argv=None):
+    import picasso_tf
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fills", default="0.05,0.2,0.5,0.9")
+    parser.add_argument("--batch", type=int, default=1024)
+    args = parser.parse_args(argv)
+    print(f"batch {args.batch}, {FEATURES} features of {LENGTH} padded ids, width {DIM}, Adagrad; "
+          f"ms per step (median of 5 rounds of {STEPS} steps)", flush=True)
+    for fill in (float(f) for f in args.fills.split(",")):
+        data = dataset(fill, args.batch)
+        runs = {}
+        for name, bag in (("sparse", SparseBag), ("masked", MaskedBag)):
+            tf.keras.utils.set_random_seed(0)
+            model = picasso_tf.optimize(build(bag))
+            model.compile(tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy")
+            model.fit(data, steps_per_epoch=10, verbose=0)
+            runs[name] = lambda model=model: model.fit(data, steps_per_epoch=STEPS, verbose=0)
+        seconds, ratios = alternating(runs, rounds=5, steps=1)
+        print(f"fill {fill:.2f} ({fill * LENGTH:.0f} of {LENGTH} ids): from_dense + safe lookup "
+              f"{seconds['sparse'] / STEPS * 1e3:.2f} ms, masked sum {seconds['masked'] / STEPS * 1e3:.2f} ms, "
+              f"masked / from_dense {1 / ratios['masked']:.2f}x the time", flush=True)
+        tf.keras.backend.clear_session()
+
+
+if __name__ == "__main__":
+    main()
