@@ -50,7 +50,12 @@ class Config:
       have the fused lookup pool them, so that the [B, L, D] rows and the reduction's
       gradient are never built (equal up to summation order). On rows of width 1 it
       stands down (TensorFlow's own ops are faster there); the report's
-      sequences_pooled / sequences_not_pooled say which.
+      sequences_pooled / sequences_not_pooled say which. It also reads one-hot ids
+      that the model turns into a SparseTensor for tf.nn.safe_embedding_lookup_sparse
+      (feature columns do) as they are, each weighted by whether the conversion keeps
+      it, without the conversion's ops (not under hybrid_hash or dynamic_vocabulary,
+      whose tables would count the ids it weighs 0); the report's
+      sparse_one_hot_read_as_ids names them.
     interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
       features with themselves, transposed, gathered at constant positions) by one
       kernel computing only the gathered dot products, and its gradient without the

@@ -21,6 +21,7 @@ import tensorflow as tf
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
 from picasso_tf.passes.sequence_pooling import pool_sequences
+from picasso_tf.passes.sparse_one_hot import read_one_hot_ids
 from picasso_tf.passes.stitching import find_stitches
 from picasso_tf.program import LookupRecord, StorageRef, TableLayout, TableMember
 
@@ -45,7 +46,10 @@ def k_packing(program, graph, config):
         stand_ins, stand_in_nodes = captured.import_typed()
     edits.replacements.update(stand_ins)
     edits.removed |= stand_in_nodes
-    sites, unpaid = analysis.sites, []
+    sites, unpaid, one_hot_read = analysis.sites, [], []
+    # A vocabulary or hash table would count the ids read with weight 0 as looked up.
+    if config.sequence_pooling and not (config.dynamic_vocabulary or config.hybrid_hash):
+        sites, one_hot_read = read_one_hot_ids(scratch, sites)
     if config.sequence_pooling:
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
             [captured.regularization_loss] if captured.regularization_loss else [])
@@ -90,7 +94,9 @@ def k_packing(program, graph, config):
                                   lookups={**program.lookups, graph: edits.records})
     return program, {"fused_lookups": len(fused), "sites": sum(f["sites"] for f in fused), "groups": fused,
                      "stitched": stitched,
-                     "sequences_pooled": [feature_names[s.output] for s in sites if s.pattern == "sequence"],
+                     "sequences_pooled": [feature_names[s.output] for s in sites
+                                          if s.pattern == "sequence" and s.output not in one_hot_read],
+                     "sparse_one_hot_read_as_ids": [feature_names[s.output] for s in sites if s.output in one_hot_read],
                      "sequences_not_pooled": {feature_names[s.output]: (
                          f"rows of width {s.dim}: the model's own product and sum are faster there")
                          for s in unpaid}}

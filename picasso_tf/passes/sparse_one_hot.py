@@ -1,0 +1,165 @@
+"""One-hot ids made sparse, read as they are. TensorFlow's feature columns (and models
+calling tf.sparse.from_dense themselves) turn each id input [B, 1] into a SparseTensor,
+dropping an ignored value, for tf.nn.safe_embedding_lookup_sparse, which drops
+negative ids, gives rows with no id zeros, and pools the rest by segment. Per feature
+and step that is a dozen small ops around the lookup (Where, GatherNd, SparseReshape,
+the pruning gathers, SparseFillEmptyRows, the empty rows' Select), kept by the fused
+lookup of the "sparse" pattern. Here such a lookup becomes a lookup pooled by row of
+the ids as they are, each weighted 1 where the conversion keeps it and 0 where it does
+not (read as id 0): the same sums, means and square-root means, and zeros where no id
+is left, as the kernels divide like div_no_nan.
+
+Matched on a tf.Graph with static shapes, from the site back (each op used only so):
+
+  Select(Tile(Reshape(F:2)), ZerosLike(out), out)      the empty rows' zeros; out the site's
+  F = SparseFillEmptyRows(GatherV2(I, k), GatherV2(V, k), Identity(R:1), default)
+      k = Reshape(Where(GreaterEqual(V, 0)))          the pruning of negative ids
+  R = SparseReshape(W, S, Pack(Prod(Slice(S)), GatherV2(S)))   2-D to 2-D: the same
+  I = R:0, V = Identity(GatherNd(D, W)), W = Where(NotEqual(D, p)), S = Shape(D)
+
+D of shape [B, 1] only: over a sequence of ids the kernels' cost per padded position
+exceeds the conversion's (benchmarks/padded_ids.py), so longer ids keep their form.
+"""
+import dataclasses
+
+import tensorflow as tf
+
+from picasso_tf.graph.graph_def_util import canonical
+
+
+def read_one_hot_ids(graph, sites):
+    """(sites, features): the sites of a tf.Graph holding the captured graph, each
+    safe_embedding_lookup_sparse of one-hot ids made sparse replaced by a lookup pooled
+    by row of the ids themselves; and the outputs of the sites so replaced."""
+    read, changed = [], []
+    for site in sites:
+        match = _match(graph, site)
+        if match is None:
+            read.append(site)
+            continue
+        read.append(_rewrite(graph, site, *match))
+        changed.append(read[-1].output)
+    return read, changed
+
+
+def _match(graph, site):
+    """(dense ids D, NotEqual mask, the Select standing for the site's output, the
+    nodes beyond the site's chain it replaces) or None."""
+    if site.pattern != "sparse" or site.weights or site.combiner == "none":
+        return None
+    fill = graph.get_tensor_by_name(site.ids)
+    if fill.op.type != "SparseFillEmptyRows" or fill.value_index != 1:
+        return None
+    fill = fill.op
+    select = _empty_rows_select(graph.get_tensor_by_name(site.output), fill)
+    if select is None or not _first_column(graph.get_tensor_by_name(site.segment_ids), fill):
+        return None
+    indices, values = _unpruned(fill.inputs[0], fill.inputs[1])
+    if indices is None or indices.op.type != "SparseReshape" or indices.value_index != 0:
+        return None
+    reshape = indices.op
+    if not (_is_identity_of(fill.inputs[2], reshape.outputs[1]) and values.op.type == "Identity"):
+        return None
+    gather_nd, where, shape = values.op.inputs[0].op, reshape.inputs[0], reshape.inputs[1]
+    if gather_nd.type != "GatherNd" or gather_nd.inputs[1] is not where or where.op.type != "Where":
+        return None
+    dense, mask = gather_nd.inputs[0], where.op.inputs[0]
+    if (mask.op.type != "NotEqual" or mask.op.inputs[0] is not dense or shape.op.type != "Shape" or
+            shape.op.inputs[0] is not dense or not _same_2d_shape(reshape.inputs[2], shape)):
+        return None
+    if dense.shape.rank != 2 or dense.shape[1] != 1 or not dense.dtype.is_integer:
+        return None
+    return dense, mask, select
+
+
+def _rewrite(graph, site, dense, mask, select):
+    with graph.as_default(), tf.name_scope("picasso/sparse_one_hot/"):
+        kept = tf.logical_and(mask, dense >= 0)
+        ids = tf.where(kept, dense, tf.zeros_like(dense))
+        weights = tf.cast(kept, site.dtype)[..., None]
+    return dataclasses.replace(site, pattern="sequence", ids=canonical(ids.name), weights=canonical(weights.name),
+                               segment_ids=None, num_segments=None, output=canonical(select.outputs[0].name),
+                               chain=site.chain + [select.name])
+
+
+def _empty_rows_select(out, fill):
+    """The Select giving the rows SparseFillEmptyRows filled zeros, if it is what reads `out`."""
+    readers = {op.type: op for op in out.consumers()}
+    select, zeros = readers.get("Select"), readers.get("ZerosLike")
+    if select is None or zeros is None or len(out.consumers()) != 3 or "Shape" not in readers:
+        return None
+    condition, then, otherwise = select.inputs
+    if otherwise is not out or then.op is not zeros or condition.op.type != "Tile":
+        return None
+    flags = condition.op.inputs[0].op
+    if flags.type != "Reshape" or flags.inputs[0] is not fill.outputs[2] or not _read_only_by(out, select):
+        return None
+    return select
+
+
+# What safe_embedding_lookup_sparse computes from its pooled rows to zero the empty ones.
+_EMPTY_ROWS_OPS = {"Shape", "StridedSlice", "Pack", "Tile", "ZerosLike"}
+
+
+def _read_only_by(out, select):
+    """Whether everything computed from `out` ends in `select` (the site's pooled rows
+    then go with it)."""
+    frontier, seen = [out.op], set()
+    while frontier:
+        op = frontier.pop()
+        if op._control_outputs:
+            return False
+        for reader in {c for t in op.outputs for c in t.consumers()}:
+            if reader is select:
+                continue
+            if reader.type not in _EMPTY_ROWS_OPS or len(seen) > len(_EMPTY_ROWS_OPS):
+                return False
+            if reader.name not in seen:
+                seen.add(reader.name)
+                frontier.append(reader)
+    return True
+
+
+def _first_column(segment_ids, fill):
+    """Whether segment_ids is indices[:, 0] of SparseFillEmptyRows' indices."""
+    op = segment_ids.op
+    if op.type != "StridedSlice" or op.inputs[0] is not fill.outputs[0] or op.get_attr("shrink_axis_mask") != 2:
+        return False
+    begin, end, strides = (_const(t) for t in op.inputs[1:])
+    return begin == [0, 0] and end == [0, 1] and strides == [1, 1]
+
+
+def _unpruned(indices, values):
+    """(indices, values) before safe_embedding_lookup_sparse's pruning of negative ids."""
+    if indices.op.type != "GatherV2" or values.op.type != "GatherV2":
+        return None, None
+    keep = indices.op.inputs[1]
+    if values.op.inputs[1] is not keep or keep.op.type != "Reshape" or keep.op.inputs[0].op.type != "Where":
+        return None, None
+    test = keep.op.inputs[0].op.inputs[0].op
+    if test.type != "GreaterEqual" or test.inputs[0] is not values.op.inputs[0] or _const(test.inputs[1]) != 0:
+        return None, None
+    return indices.op.inputs[0], values.op.inputs[0]
+
+
+def _is_identity_of(tensor, source):
+    return tensor is source or (tensor.op.type == "Identity" and tensor.op.inputs[0] is source)
+
+
+def _same_2d_shape(new_shape, shape):
+    """Whether SparseReshape's new shape is [prod(shape[:1]), shape[1]]: the same 2-D shape."""
+    pack = new_shape.op
+    if pack.type != "Pack" or len(pack.inputs) != 2:
+        return False
+    prod, last = pack.inputs[0].op, pack.inputs[1].op
+    if prod.type != "Prod" or prod.inputs[0].op.type != "Slice" or last.type != "GatherV2":
+        return False
+    leading = prod.inputs[0].op
+    return (leading.inputs[0] is shape and _const(leading.inputs[1]) == [0] and _const(leading.inputs[2]) == [1]
+            and last.inputs[0] is shape and _const(last.inputs[1]) == 1 and _const(last.inputs[2]) == 0)
+
+
+def _const(tensor):
+    if tensor.op.type != "Const":
+        return None
+    return tf.make_ndarray(tensor.op.get_attr("value")).tolist()

@@ -1,0 +1,83 @@
+"""One-hot ids made sparse, read as they are (picasso_tf/passes/sparse_one_hot.py): a
+tf.nn.safe_embedding_lookup_sparse of [B, 1] ids turned into a SparseTensor (by
+tf.sparse.from_dense, or by a feature column dropping its ignored value) trains as in
+Keras when the fused lookup reads the ids themselves: ignored ids, negative ids and rows
+with no id left alike, for every combiner. Longer ids keep their sparse form."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf
+
+BATCH, VOCAB, DIM = 16, 30, 4
+
+
+class SparseLookups(tf.keras.layers.Layer):
+    """The same [B, 1] ids made sparse two ways, pooled by each combiner; and [B, 3] ids."""
+
+    def build(self, shape):
+        self.tables = [self.add_weight(f"t{i}", (VOCAB, DIM), initializer="glorot_uniform") for i in range(4)]
+
+    def call(self, x):
+        one = x["one"]
+        from_dense = tf.sparse.from_dense(one)                          # drops 0
+        kept = tf.where(tf.not_equal(one, 7))                           # drops 7, as a feature column its ignored value
+        ignoring = tf.SparseTensor(kept, tf.gather_nd(one, kept), tf.shape(one, out_type=tf.int64))
+        return tf.concat([tf.nn.safe_embedding_lookup_sparse(self.tables[0], from_dense, combiner="sum"),
+                          tf.nn.safe_embedding_lookup_sparse(self.tables[1], from_dense, combiner="mean"),
+                          tf.nn.safe_embedding_lookup_sparse(self.tables[2], ignoring, combiner="sqrtn"),
+                          tf.nn.safe_embedding_lookup_sparse(self.tables[3], tf.sparse.from_dense(x["three"]),
+                                                             combiner="mean")], axis=1)
+
+
+def build():
+    x = {"one": tf.keras.Input((1,), dtype=tf.int64, name="one"),
+         "three": tf.keras.Input((3,), dtype=tf.int64, name="three")}
+    hidden = tf.keras.layers.Dense(8, activation="relu")(SparseLookups()(x))
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
+
+
+def data(steps):
+    rng = np.random.default_rng(0)
+    n = BATCH * steps
+    one = rng.integers(-2, VOCAB, (n, 1))          # 0 and 7 dropped by one conversion each, negative ids pruned
+    one[::6] = 0
+    one[1::6] = 7
+    three = rng.integers(0, VOCAB, (n, 3))
+    three[rng.random((n, 3)) < 0.4] = 0
+    return {"one": one, "three": three}, (rng.random(n) < 0.4).astype("float32")
+
+
+def _k_packing(model):
+    return next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing")
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam", "ftrl"])
+def test_trains_as_keras_reading_the_one_hot_ids_as_they_are(optimizer):
+    tf.keras.utils.set_random_seed(0)
+    baseline, original = build(), build()
+    original.set_weights(baseline.get_weights())
+    optimized = picasso_tf.optimize(original)
+    # The [B, 1] ids are read as they are, three times; the [B, 3] ones keep their sparse form.
+    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3, optimized.picasso.report()
+    assert not _k_packing(optimized)["sequences_pooled"]
+    features, labels = data(8)
+    losses = {}
+    for name, model in (("baseline", baseline), ("picasso", optimized)):
+        model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy")
+        losses[name] = [model.train_on_batch({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
+                                             labels[i * BATCH:(i + 1) * BATCH]) for i in range(8)]
+    np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-6)
+    optimized.picasso.write_back()
+    for b, o in zip(baseline.weights, optimized.original.weights):
+        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=b.name)
+    np.testing.assert_allclose(optimized.predict(features, verbose=0), baseline.predict(features, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [dict(sequence_pooling=False), dict(hybrid_hash=True)])
+def test_stays_sparse_where_switched_off_or_ids_are_counted(options):
+    """sequence_pooling=False keeps every lookup's form; hash tables and vocabularies would
+    count the ids read with weight 0, so under them the sparse form stays too."""
+    optimized = picasso_tf.optimize(build(), **options)
+    assert not _k_packing(optimized)["sparse_one_hot_read_as_ids"]
