@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import picasso_tf as picasso
+from exactness import assert_train_alike
 
 deepctr_models = pytest.importorskip("deepctr.models")
 from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat  # noqa: E402
@@ -178,16 +179,7 @@ def test_tensorflow_s_own_feature_preprocessing_is_recognised_and_trains_exactly
     analysis = optimized.picasso.reports["training"]["analysis"]
     # Every table is looked up by a fused kernel (an indicator column and a multi-hot encoding have none).
     assert len(analysis["sites"]) == tables and not analysis["left_alone"], optimized.picasso.report()
-    features, labels = make_data(BATCH * 10)
-    losses = {}
-    for name, model in (("baseline", baseline), ("picasso", optimized)):
-        model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy")
-        losses[name] = [model.train_on_batch({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
-                                             labels[i * BATCH:(i + 1) * BATCH]) for i in range(10)]
-    np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-5)
-    optimized.picasso.write_back()
-    for b, o in zip(baseline.weights, optimized.original.weights):
-        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=b.name)
+    assert_train_alike(baseline, optimized, *make_data(BATCH * 10), optimizer, BATCH, 10)
 
 
 def test_an_id_outside_a_feature_column_s_buckets_fails_the_step_naming_the_feature():

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import picasso_tf
+from exactness import assert_train_alike
 
 BATCH, VOCAB, DIM = 16, 30, 4
 
@@ -62,15 +63,7 @@ def test_trains_as_keras_reading_the_one_hot_ids_as_they_are(optimizer):
     assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3, optimized.picasso.report()
     assert not _k_packing(optimized)["sequences_pooled"]
     features, labels = data(8)
-    losses = {}
-    for name, model in (("baseline", baseline), ("picasso", optimized)):
-        model.compile(optimizer=tf.keras.optimizers.get(optimizer), loss="binary_crossentropy")
-        losses[name] = [model.train_on_batch({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
-                                             labels[i * BATCH:(i + 1) * BATCH]) for i in range(8)]
-    np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-6)
-    optimized.picasso.write_back()
-    for b, o in zip(baseline.weights, optimized.original.weights):
-        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=b.name)
+    assert_train_alike(baseline, optimized, features, labels, optimizer, BATCH, 8, atol=1e-6, weights_rtol=1e-5)
     np.testing.assert_allclose(optimized.predict(features, verbose=0), baseline.predict(features, verbose=0),
                                rtol=1e-5, atol=1e-6)
 
