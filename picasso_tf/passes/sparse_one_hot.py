@@ -9,7 +9,9 @@ the ids as they are, each weighted 1 where the conversion keeps it and 0 where i
 not (read as id 0): the same sums, means and square-root means, and zeros where no id
 is left, as the kernels divide like div_no_nan.
 
-Matched on a tf.Graph with static shapes, from the site back (each op used only so):
+Matched on a tf.Graph with static shapes, from the site back (whatever is computed from
+the site's pooled rows must end in the Select; the conversion's ops may serve other
+lookups too, and then stay for them):
 
   Select(Tile(Reshape(F:2)), ZerosLike(out), out)      the empty rows' zeros; out the site's
   F = SparseFillEmptyRows(GatherV2(I, k), GatherV2(V, k), Identity(R:1), default)
@@ -28,7 +30,7 @@ from picasso_tf.graph.graph_def_util import canonical
 
 
 def read_one_hot_ids(graph, sites):
-    """(sites, features): the sites of a tf.Graph holding the captured graph, each
+    """(sites, outputs): the sites of a tf.Graph holding the captured graph, each
     safe_embedding_lookup_sparse of one-hot ids made sparse replaced by a lookup pooled
     by row of the ids themselves; and the outputs of the sites so replaced."""
     read, changed = [], []
@@ -43,8 +45,7 @@ def read_one_hot_ids(graph, sites):
 
 
 def _match(graph, site):
-    """(dense ids D, NotEqual mask, the Select standing for the site's output, the
-    nodes beyond the site's chain it replaces) or None."""
+    """(dense ids D, their NotEqual mask, the Select standing for the site's output) or None."""
     if site.pattern != "sparse" or site.weights or site.combiner == "none":
         return None
     fill = graph.get_tensor_by_name(site.ids)
@@ -123,7 +124,9 @@ def _read_only_by(out, select):
 def _first_column(segment_ids, fill):
     """Whether segment_ids is indices[:, 0] of SparseFillEmptyRows' indices."""
     op = segment_ids.op
-    if op.type != "StridedSlice" or op.inputs[0] is not fill.outputs[0] or op.get_attr("shrink_axis_mask") != 2:
+    if (op.type != "StridedSlice" or op.inputs[0] is not fill.outputs[0] or op.get_attr("shrink_axis_mask") != 2
+            or not op.get_attr("begin_mask") & op.get_attr("end_mask") & 1
+            or op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask")):
         return False
     begin, end, strides = (_const(t) for t in op.inputs[1:])
     return begin == [0, 0] and end == [0, 1] and strides == [1, 1]
