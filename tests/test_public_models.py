@@ -105,13 +105,16 @@ def test_deepctr_hashed_features_stay_bins_under_dynamic_vocabulary_and_say_why(
 def feature_column_wide_and_deep():
     """The classic TensorFlow wide-and-deep: tf.feature_column columns read by Keras'
     DenseFeatures (identity, string vocabulary list with out-of-vocabulary values,
-    hash buckets on a padded multi-hot feature, a crossed column, an indicator and a
-    width-1 linear part), as tf.estimator users brought them to Keras."""
+    hash buckets on a one-hot feature with missing values (-1) and on a padded multi-hot
+    one, a crossed column, an indicator and a width-1 linear part), as tf.estimator
+    users brought them to Keras."""
     fc = tf.feature_column
     user, item = fc.categorical_column_with_identity("user", 50), fc.categorical_column_with_identity("item", 50)
     genre = fc.categorical_column_with_vocabulary_list("genre", ["a", "b", "c", "d"])
     tags = fc.categorical_column_with_hash_bucket("tags", 40, dtype=tf.int64)
+    zip_code = fc.categorical_column_with_hash_bucket("zip", 30, dtype=tf.int64)
     deep = [fc.embedding_column(user, 8), fc.embedding_column(item, 8), fc.embedding_column(genre, 4),
+            fc.embedding_column(zip_code, 4),
             fc.embedding_column(tags, 4, combiner="mean"), fc.embedding_column(fc.crossed_column([user, "genre"], 100), 4),
             fc.numeric_column("price")]
     wide = [fc.indicator_column(genre), fc.embedding_column(tags, 1, combiner="sum")]
@@ -119,7 +122,7 @@ def feature_column_wide_and_deep():
          "item": tf.keras.Input((1,), dtype="int64", name="item"),
          "genre": tf.keras.Input((1,), dtype="string", name="genre"),
          "tags": tf.keras.Input((5,), dtype="int64", name="tags"),
-         "price": tf.keras.Input((1,), name="price")}
+         "zip": tf.keras.Input((1,), dtype="int64", name="zip"), "price": tf.keras.Input((1,), name="price")}
     hidden = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.DenseFeatures(deep)(x))
     both = tf.keras.layers.Concatenate()([hidden, tf.keras.layers.DenseFeatures(wide)(x)])
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(both))
@@ -132,6 +135,7 @@ def feature_column_data(n):
     tags[:BATCH // 2] = -1                       # rows with no tag at all
     features = {"user": rng.integers(0, 50, (n, 1)), "item": rng.integers(0, 50, (n, 1)),
                 "genre": rng.choice(np.array(["a", "b", "c", "d", "unknown"]), (n, 1)), "tags": tags,
+                "zip": np.where(rng.random((n, 1)) < 0.2, -1, rng.integers(10_000, 99_999, (n, 1))),
                 "price": rng.random((n, 1)).astype("float32")}
     return features, (rng.random(n) < 0.4).astype("float32")
 
@@ -166,7 +170,7 @@ def keras_preprocessing_data(n):
     return features, (rng.random(n) < 0.4).astype("float32")
 
 
-@pytest.mark.parametrize("model_and_data", [(feature_column_wide_and_deep, feature_column_data, 6),
+@pytest.mark.parametrize("model_and_data", [(feature_column_wide_and_deep, feature_column_data, 7),
                                             (keras_preprocessing_model, keras_preprocessing_data, 5)],
                          ids=["feature_columns", "keras_preprocessing"])
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
@@ -179,6 +183,10 @@ def test_tensorflow_s_own_feature_preprocessing_is_recognised_and_trains_exactly
     analysis = optimized.picasso.reports["training"]["analysis"]
     # Every table is looked up by a fused kernel (an indicator column and a multi-hot encoding have none).
     assert len(analysis["sites"]) == tables and not analysis["left_alone"], optimized.picasso.report()
+    if builder is feature_column_wide_and_deep:
+        # The one-hot columns' ids are read as they are (hashed or looked up in the vocabulary first).
+        [k_packing] = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"]
+        assert sorted(k_packing["sparse_one_hot_read_as_ids"]) == ["genre", "item", "user", "zip"]
     assert_train_alike(baseline, optimized, *make_data(BATCH * 10), optimizer, BATCH, 10)
 
 

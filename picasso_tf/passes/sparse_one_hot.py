@@ -17,7 +17,10 @@ lookups too, and then stay for them):
   F = SparseFillEmptyRows(GatherV2(I, k), GatherV2(V, k), Identity(R:1), default)
       k = Reshape(Where(GreaterEqual(V, 0)))          the pruning of negative ids
   R = SparseReshape(W, S, Pack(Prod(Slice(S)), GatherV2(S)))   2-D to 2-D: the same
-  I = R:0, V = Identity(GatherNd(D, W)), W = Where(NotEqual(D, p)), S = Shape(D)
+  I = R:0, V = Identity(f(GatherNd(D, W))), W = Where(NotEqual(D, p)), S = Shape(D)
+
+where f is none, one or several ops applied to each kept id (a cast, a hash, a
+vocabulary's lookup: _PER_ID), which the rewrite applies to every id of D instead.
 
 D of shape [B, 1] only: over a sequence of ids the kernels' cost per padded position
 exceeds the conversion's (benchmarks/padded_ids.py), so longer ids keep their form.
@@ -45,7 +48,8 @@ def read_one_hot_ids(graph, sites):
 
 
 def _match(graph, site):
-    """(dense ids D, their NotEqual mask, the Select standing for the site's output) or None."""
+    """(dense ids D, the ops applied to each kept id in order, D's NotEqual mask, the
+    Select standing for the site's output) or None."""
     if site.pattern != "sparse" or site.weights or site.combiner == "none":
         return None
     fill = graph.get_tensor_by_name(site.ids)
@@ -61,22 +65,43 @@ def _match(graph, site):
     reshape = indices.op
     if not (_is_identity_of(fill.inputs[2], reshape.outputs[1]) and values.op.type == "Identity"):
         return None
-    gather_nd, where, shape = values.op.inputs[0].op, reshape.inputs[0], reshape.inputs[1]
+    transforms, gathered = [], values.op.inputs[0]
+    while gathered.op.type in _PER_ID:
+        transforms.append(gathered.op)
+        gathered = gathered.op.inputs[_PER_ID[gathered.op.type]]
+    gather_nd, where, shape = gathered.op, reshape.inputs[0], reshape.inputs[1]
     if gather_nd.type != "GatherNd" or gather_nd.inputs[1] is not where or where.op.type != "Where":
         return None
     dense, mask = gather_nd.inputs[0], where.op.inputs[0]
     if (mask.op.type != "NotEqual" or mask.op.inputs[0] is not dense or shape.op.type != "Shape" or
             shape.op.inputs[0] is not dense or not _same_2d_shape(reshape.inputs[2], shape)):
         return None
-    if dense.shape.rank != 2 or dense.shape[1] != 1 or not dense.dtype.is_integer:
+    if dense.shape.rank != 2 or dense.shape[1] != 1 or not values.dtype.is_integer:
         return None
-    return dense, mask, select
+    return dense, transforms[::-1], mask, select
 
 
-def _rewrite(graph, site, dense, mask, select):
+# Ops a feature column applies to each id it keeps (casting, hashing, a vocabulary's
+# lookup), with the input carrying the ids: applied to every id of the input instead.
+_PER_ID = {"Identity": 0, "Cast": 0, "AsString": 0, "StringToHashBucketFast": 0, "StringToHashBucketStrong": 0,
+           "StringToHashBucket": 0, "LookupTableFindV2": 1}
+
+
+def _rewrite(graph, site, dense, transforms, mask, select):
     with graph.as_default(), tf.name_scope("picasso/sparse_one_hot/"):
-        kept = tf.logical_and(mask, dense >= 0)
-        ids = tf.where(kept, dense, tf.zeros_like(dense))
+        ids = dense
+        for op in transforms:
+            inputs = list(op.inputs)
+            inputs[_PER_ID[op.type]] = ids
+            with graph.control_dependencies(op.control_inputs):
+                ids = graph.create_op(op.type, inputs, [out.dtype for out in op.outputs],
+                                      attrs=dict(op.node_def.attr), name=op.type).outputs[0]
+        if transforms:
+            # One id per id; said in the graph, as a vocabulary's shape function cannot tell
+            # and the fused lookup's shape follows its ids'.
+            ids = tf.ensure_shape(ids, dense.shape)
+        kept = tf.logical_and(mask, ids >= 0)
+        ids = tf.where(kept, ids, tf.zeros_like(ids))
         weights = tf.cast(kept, site.dtype)[..., None]
     return dataclasses.replace(site, pattern="sequence", ids=canonical(ids.name), weights=canonical(weights.name),
                                segment_ids=None, num_segments=None, output=canonical(select.outputs[0].name),
