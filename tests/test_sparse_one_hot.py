@@ -74,3 +74,29 @@ def test_stays_sparse_where_switched_off_or_ids_are_counted(options):
     count the ids read with weight 0, so under them the sparse form stays too."""
     optimized = picasso_tf.optimize(build(), **options)
     assert not _k_packing(optimized)["sparse_one_hot_read_as_ids"]
+
+
+def test_a_gradient_tape_loop_trains_as_keras_with_the_ids_read_as_they_are():
+    tf.keras.utils.set_random_seed(0)
+    baseline, original = build(), build()
+    original.set_weights(baseline.get_weights())
+    optimized = picasso_tf.optimize(original)
+    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3
+    features, labels = data(6)
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
+    losses = {}
+    for name, model in (("baseline", baseline), ("picasso", optimized)):
+        optimizer = tf.keras.optimizers.Adagrad(0.1)
+
+        @tf.function
+        def step(x, y, model=model, optimizer=optimizer):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[:, None], model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        losses[name] = [float(step({k: v[i * BATCH:(i + 1) * BATCH] for k, v in features.items()},
+                                   labels[i * BATCH:(i + 1) * BATCH])) for i in range(6)]
+    np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-6)
+    for b, o in zip(baseline.trainable_weights, optimized.trainable_weights):
+        np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=b.name)
