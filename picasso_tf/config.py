@@ -54,7 +54,7 @@ class Config:
       that the model turns into a SparseTensor for tf.nn.safe_embedding_lookup_sparse
       (feature columns do) as they are, each weighted by whether the conversion keeps
       it, without the conversion's ops (not under hybrid_hash or dynamic_vocabulary,
-      whose tables would count the ids it weighs 0); the report's
+      whose tables would count the ids it weighs 0, nor on several ranks); the report's
       sparse_one_hot_read_as_ids names them.
     interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
       features with themselves, transposed, gathered at constant positions) by one

@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from picasso_tf.distributed.world import current_world
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
 from picasso_tf.passes.sequence_pooling import pool_sequences
@@ -47,8 +48,10 @@ def k_packing(program, graph, config):
     edits.replacements.update(stand_ins)
     edits.removed |= stand_in_nodes
     sites, unpaid, one_hot_read = analysis.sites, [], []
-    # A vocabulary or hash table would count the ids read with weight 0 as looked up.
-    if config.sequence_pooling and not (config.dynamic_vocabulary or config.hybrid_hash):
+    # A vocabulary or hash table would count the ids read with weight 0 as looked up, and
+    # the exchange of several ranks would carry them: not tested there, so not done there.
+    if config.sequence_pooling and not (config.dynamic_vocabulary or config.hybrid_hash or
+                                        current_world().distributed):
         sites, one_hot_read = read_one_hot_ids(scratch, sites)
     if config.sequence_pooling:
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
