@@ -150,6 +150,10 @@ bool GatherRows(const Site<T, Tid> s, const T* table, int64_t d, int64_t begin,
 }
 
 // Writes the pooled output rows of segments [begin, end); false on a bad id.
+// An id weighted exactly 0 (a masked sequence's padding) adds 0 x its row, which is 0
+// for a finite row: it is checked and counts in the weight sum, but its row is not
+// read. Its gradient, 0 x its segment's, is skipped alike (SumContributions), while
+// its row still counts among the rows read: the update touches the rows it did.
 template <int64_t kD, typename T, typename Tid>
 bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table,
                   int64_t d, int64_t begin, int64_t end, const RowPlace<T> out) {
@@ -167,6 +171,7 @@ bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table
       continue;
     }
     T weight_sum = 0;  // sum of w (mean) or of w^2 (sqrtn)
+    bool written = false;
     for (int64_t p = first; p < last; ++p) {
       if (p + ahead < p_end) {
         PrefetchBytes(RowAddress(base, s.ids[entry(p + ahead)], width), row_bytes);
@@ -174,15 +179,18 @@ bool PoolSegments(const Site<T, Tid> s, const SegmentIndex index, const T* table
       const int64_t j = entry(p);
       const Tid id = s.ids[j];
       if (!s.Valid(id)) return false;
-      const T* src = base + static_cast<int64_t>(id) * width;
       const T w = s.weights ? s.weights[j] : T(1);
-      if (p == first) {
+      weight_sum += s.combiner == Combiner::kSqrtN ? w * w : w;
+      if (w == T(0)) continue;
+      const T* src = base + static_cast<int64_t>(id) * width;
+      if (!written) {
         ScaleRow<kD>(dst, src, w, d);
+        written = true;
       } else {
         AxpyRow<kD>(dst, src, w, d);
       }
-      weight_sum += s.combiner == Combiner::kSqrtN ? w * w : w;
     }
+    if (!written) std::fill(dst, dst + width, T(0));
     if (s.combiner == Combiner::kMean || s.combiner == Combiner::kSqrtN) {
       // Like TF's div_no_nan: a zero denominator gives a zero row.
       const T denominator =
@@ -497,13 +505,14 @@ void SumContributions(const std::vector<Site<T, Tid>>& sites,
     for (int64_t j = 0; j < s.n; ++j) {
       const int64_t u = inverse[j];
       if (!all_rows && (u < u0 || u >= u1)) continue;
+      T w = s.weights ? s.weights[j] : T(1);
+      if (w == T(0)) continue;  // adds 0: see PoolSegments
       // Entry j reads gradient row j (combiner "none") or that of its segment.
       if (j + ahead < s.n) {
         PrefetchBytes(out + inverse[j + ahead] * width, width * sizeof(T));
         PrefetchBytes(grad(s.pooled ? s.segments[j + ahead] : j + ahead), width * sizeof(T));
       }
       const int64_t src = s.pooled ? s.segments[j] : j;
-      T w = s.weights ? s.weights[j] : T(1);
       if (scale) w *= scale[src];
       AxpyRow<kD>(out + u * width, grad(src), w, d);
     }

@@ -261,7 +261,9 @@ Status PoolByRow(OpKernelContext* ctx, const Tensor& ids, Site<T, Tid>* s) {
   const int64_t length = ids.dim_size(ids.dims() - 1);
   TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({s->n}), &s->row_segments));
   int64_t* segments = s->row_segments.template flat<int64_t>().data();
-  for (int64_t j = 0; j < s->n; ++j) segments[j] = j / length;  // n > 0 means length > 0
+  for (int64_t j = 0, row = 0; j < s->n; ++row) {  // segment j / L, without a division per id
+    for (int64_t k = 0; k < length; ++k) segments[j++] = row;
+  }
   s->segments = segments;
   s->num_segments = rows_shape.num_elements();
   return OkStatus();

@@ -380,6 +380,17 @@ def test_out_of_range_ids_name_feature_value_and_position(id_dtype, combiner):
         lookup_one(ids, combiner, seg, num_segments=4)
 
 
+def test_an_id_weighted_zero_is_checked_though_its_row_is_not_read():
+    """The kernels skip the row of an id weighted 0 (a padded position: it adds nothing),
+    not the id's check."""
+    ids = np.arange(40) % 1000
+    ids[17] = 1234
+    w = np.ones(40, np.float32)
+    w[17] = 0.0
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'C7'.*got 1234 at position 17"):
+        lookup_one(ids, "sum", np.arange(40) % 4, w=w, num_segments=4)
+
+
 def test_bad_segment_ids_and_shapes_name_feature():
     ids = np.arange(6)
     with pytest.raises(tf.errors.InvalidArgumentError,
