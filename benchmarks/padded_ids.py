@@ -4,9 +4,9 @@ A model that pools padded ids [B, L] (0 = no id) can write the pooling two ways,
 picasso_tf fuses both: `tf.sparse.from_dense` + `tf.nn.safe_embedding_lookup_sparse`
 (the zoo's DLRM; the fused lookup reads only the kept ids, and the model's own
 `Where` / `GatherNd` / `SparseFillEmptyRows` stay), or a lookup of every position summed
-with a weight `id != 0` (sequence pooling: no conversion, but the fused kernels read,
-differentiate and update every position, padding too). Which is faster decides whether
-a pass rewriting the first into the second would pay.
+with a weight `id != 0` (sequence pooling: no conversion, but the fused kernels pass over
+every position, checking padding but not reading its rows). Which is faster decides
+whether a pass rewriting the first into the second would pay.
 
   python benchmarks/padded_ids.py [--fills 0.05,0.2,0.5,0.9] [--batch 1024]
 

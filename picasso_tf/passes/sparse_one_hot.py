@@ -22,8 +22,10 @@ lookups too, and then stay for them):
 where f is none, one or several ops applied to each kept id (a cast, a hash, a
 vocabulary's lookup: _PER_ID), which the rewrite applies to every id of D instead.
 
-D of shape [B, 1] only: over a sequence of ids the kernels' cost per padded position
-exceeds the conversion's (benchmarks/padded_ids.py), so longer ids keep their form.
+D of shape [B, 1] only: over a sequence of ids with few positions filled, the kernels'
+pass over every position (padding is checked, not read) costs more than the conversion
+(benchmarks/padded_ids.py); how full a sequence is belongs to the data, so longer ids
+keep their form.
 """
 import dataclasses
 
