@@ -6,14 +6,18 @@ picasso_tf fuses both: `tf.sparse.from_dense` + `tf.nn.safe_embedding_lookup_spa
 `Where` / `GatherNd` / `SparseFillEmptyRows` stay), or a lookup of every position summed
 with a weight `id != 0` (sequence pooling: no conversion, but the fused kernels pass over
 every position, checking padding but not reading its rows). Which is faster decides
-whether a pass rewriting the first into the second would pay.
+when the pass reading the first as the second (picasso_tf/passes/sparse_one_hot.py,
+given warm-up data to measure the fill) pays: its MIN_FILL.
 
   python benchmarks/padded_ids.py [--fills 0.05,0.2,0.5,0.9] [--batch 1024]
 
 Six such features (L = 50, 10,000 ids, width 16) feeding a small MLP, Adagrad, a cached
 `tf.data` pipeline; per fill (the mean share of non-padding positions: lengths uniform
-in [0, 2 * fill * L]) both models under picasso_tf, fit calls of 60 steps alternated
-over 5 rounds; prints the median ms per step and the per-round ratio.
+in [0, 2 * fill * L]) three models under picasso_tf: the from_dense one optimized
+without warm-up data (its sparse form kept), the same with two warm-up batches (read as
+ids where they are filled enough: the output says whether it was), and the masked one;
+fit calls of 60 steps alternated over 5 rounds; prints the median ms per step and the
+per-round ratios to the first.
 """
 import argparse
 import os
@@ -79,17 +83,23 @@ def main(argv=None):
           f"ms per step (median of 5 rounds of {STEPS} steps)", flush=True)
     for fill in (float(f) for f in args.fills.split(",")):
         data = dataset(fill, args.batch)
-        runs = {}
-        for name, bag in (("sparse", SparseBag), ("masked", MaskedBag)):
+        runs, read = {}, None
+        for name, bag, warmup in (("sparse", SparseBag, None), ("read", SparseBag, data.take(2)),
+                                  ("masked", MaskedBag, None)):
             tf.keras.utils.set_random_seed(0)
-            model = picasso_tf.optimize(build(bag))
+            model = picasso_tf.optimize(build(bag), warmup_data=warmup)
+            if name == "read":
+                k_packing = next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing")
+                read = len(k_packing["sparse_one_hot_read_as_ids"])
             model.compile(tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy")
             model.fit(data, steps_per_epoch=10, verbose=0)
             runs[name] = lambda model=model: model.fit(data, steps_per_epoch=STEPS, verbose=0)
         seconds, ratios = alternating(runs, rounds=5, steps=1)
-        print(f"fill {fill:.2f} ({fill * LENGTH:.0f} of {LENGTH} ids): from_dense + safe lookup "
-              f"{seconds['sparse'] / STEPS * 1e3:.2f} ms, masked sum {seconds['masked'] / STEPS * 1e3:.2f} ms, "
-              f"masked / from_dense {1 / ratios['masked']:.2f}x the time", flush=True)
+        ms = {name: f"{t / STEPS * 1e3:.2f} ms" for name, t in seconds.items()}
+        print(f"fill {fill:.2f} ({fill * LENGTH:.0f} of {LENGTH} ids): from_dense + safe lookup {ms['sparse']}; "
+              f"with warm-up data ({read} of {FEATURES} read as ids) {ms['read']}, "
+              f"{1 / ratios['read']:.2f}x the time; masked sum {ms['masked']}, {1 / ratios['masked']:.2f}x",
+              flush=True)
         tf.keras.backend.clear_session()
 
 

@@ -1,8 +1,9 @@
-"""One-hot ids made sparse, read as they are (picasso_tf/passes/sparse_one_hot.py): a
+"""Padded ids made sparse, read as they are (picasso_tf/passes/sparse_one_hot.py): a
 tf.nn.safe_embedding_lookup_sparse of [B, 1] ids turned into a SparseTensor (by
 tf.sparse.from_dense, or by a feature column dropping its ignored value) trains as in
 Keras when the fused lookup reads the ids themselves: ignored ids, negative ids and rows
-with no id left alike, for every combiner. Longer ids keep their sparse form."""
+with no id left alike, for every combiner. Longer ids are read so too where warm-up data
+shows enough of their positions filled, and keep their sparse form otherwise, saying why."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -38,15 +39,20 @@ def build():
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
 
 
-def data(steps):
+def data(steps, three_filled=0.8):
     rng = np.random.default_rng(0)
     n = BATCH * steps
     one = rng.integers(-2, VOCAB, (n, 1))          # 0 and 7 dropped by one conversion each, negative ids pruned
     one[::6] = 0
     one[1::6] = 7
-    three = rng.integers(0, VOCAB, (n, 3))
-    three[rng.random((n, 3)) < 0.4] = 0
+    three = rng.integers(-1, VOCAB, (n, 3))
+    three[rng.random((n, 3)) >= three_filled] = 0
+    three[::5] = 0                                  # rows with no id left
     return {"one": one, "three": three}, (rng.random(n) < 0.4).astype("float32")
+
+
+def warmup(features, labels):
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH)
 
 
 def _k_packing(model):
@@ -58,11 +64,12 @@ def test_trains_as_keras_reading_the_one_hot_ids_as_they_are(optimizer):
     tf.keras.utils.set_random_seed(0)
     baseline, original = build(), build()
     original.set_weights(baseline.get_weights())
-    optimized = picasso_tf.optimize(original)
-    # The [B, 1] ids are read as they are, three times; the [B, 3] ones keep their sparse form.
-    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3, optimized.picasso.report()
-    assert not _k_packing(optimized)["sequences_pooled"]
     features, labels = data(8)
+    optimized = picasso_tf.optimize(original, warmup_data=warmup(features, labels))
+    # The [B, 1] ids are read as they are, three times, and the [B, 3] ones, about 60% filled, too.
+    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3 + ["three"], \
+        optimized.picasso.report()
+    assert not _k_packing(optimized)["sequences_pooled"] and not _k_packing(optimized)["sparse_ids_kept_sparse"]
     assert_train_alike(baseline, optimized, features, labels, optimizer, BATCH, 8, atol=1e-6, weights_rtol=1e-5)
     np.testing.assert_allclose(optimized.predict(features, verbose=0), baseline.predict(features, verbose=0),
                                rtol=1e-5, atol=1e-6)
@@ -74,6 +81,20 @@ def test_stays_sparse_where_switched_off_or_ids_are_counted(options):
     count the ids read with weight 0, so under them the sparse form stays too."""
     optimized = picasso_tf.optimize(build(), **options)
     assert not _k_packing(optimized)["sparse_one_hot_read_as_ids"]
+
+
+def test_longer_ids_stay_sparse_without_warm_up_data_or_where_few_positions_are_filled():
+    """Over every position of a sequence the kernels cost more than the conversion does
+    over its few ids, and how full the sequences are is the data's: measured on the
+    warm-up batches, or the [B, 3] ids keep their form and the report says why."""
+    unmeasured = _k_packing(picasso_tf.optimize(build()))
+    assert unmeasured["sparse_one_hot_read_as_ids"] == ["one"] * 3
+    assert "pass warmup_data" in unmeasured["sparse_ids_kept_sparse"]["three"]
+    sparse = warmup(*data(4, three_filled=0.3))     # about a quarter
+    few = _k_packing(picasso_tf.optimize(build(), warmup_data=sparse))
+    assert few["sparse_one_hot_read_as_ids"] == ["one"] * 3
+    assert "of its table's 3 positions hold an id in the warm-up batches, under the 40%" in \
+        few["sparse_ids_kept_sparse"]["three"]
 
 
 def test_a_gradient_tape_loop_trains_as_keras_with_the_ids_read_as_they_are():

@@ -47,12 +47,12 @@ def k_packing(program, graph, config):
         stand_ins, stand_in_nodes = captured.import_typed()
     edits.replacements.update(stand_ins)
     edits.removed |= stand_in_nodes
-    sites, unpaid, one_hot_read = analysis.sites, [], []
+    sites, unpaid, one_hot_read, kept_sparse = analysis.sites, [], [], {}
     # A vocabulary or hash table would count the ids read with weight 0 as looked up, and
     # the exchange of several ranks would carry them: not tested there, so not done there.
     if config.sequence_pooling and not (config.dynamic_vocabulary or config.hybrid_hash or
                                         current_world().distributed):
-        sites, one_hot_read = read_one_hot_ids(scratch, sites)
+        sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, program.statistics)
     if config.sequence_pooling:
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
             [captured.regularization_loss] if captured.regularization_loss else [])
@@ -100,6 +100,7 @@ def k_packing(program, graph, config):
                      "sequences_pooled": [feature_names[s.output] for s in sites
                                           if s.pattern == "sequence" and s.output not in one_hot_read],
                      "sparse_one_hot_read_as_ids": [feature_names[s.output] for s in sites if s.output in one_hot_read],
+                     "sparse_ids_kept_sparse": {feature_names[output]: why for output, why in kept_sparse.items()},
                      "sequences_not_pooled": {feature_names[s.output]: (
                          f"rows of width {s.dim}: the model's own product and sum are faster there")
                          for s in unpaid}}

@@ -22,11 +22,13 @@ lookups too, and then stay for them):
 where f is none, one or several ops applied to each kept id (a cast, a hash, a
 vocabulary's lookup: _PER_ID), which the rewrite applies to every id of D instead.
 
-D of shape [B, 1] only: over a sequence of ids with few positions filled, the kernels'
-pass over every position (padding is checked, not read) costs more than the conversion
-(benchmarks/padded_ids.py); how full a sequence is belongs to the data, so longer ids
-keep their form.
+D of shape [B, 1], or [B, L] when warm-up data measured its table's positions at least
+MIN_FILL filled: over a sequence with few positions filled, the kernels' pass over every
+position (padding is checked, not read) costs more than the conversion
+(benchmarks/padded_ids.py), and how full a sequence is belongs to the data, so without
+warm-up data longer ids keep their form.
 """
+import collections
 import dataclasses
 
 import tensorflow as tf
@@ -34,19 +36,54 @@ import tensorflow as tf
 from picasso_tf.graph.graph_def_util import canonical
 
 
-def read_one_hot_ids(graph, sites):
-    """(sites, outputs): the sites of a tf.Graph holding the captured graph, each
-    safe_embedding_lookup_sparse of one-hot ids made sparse replaced by a lookup pooled
-    by row of the ids themselves; and the outputs of the sites so replaced."""
-    read, changed = [], []
+# The share of a table's padded positions holding an id from which reading them all pays
+# (benchmarks/padded_ids.py: slower at a fifth filled, even at three tenths, faster at half;
+# docs/benchmarks.md).
+MIN_FILL = 0.4
+
+
+def read_one_hot_ids(graph, sites, statistics):
+    """(sites, outputs, kept): the sites of a tf.Graph holding the captured graph, each
+    safe_embedding_lookup_sparse of padded ids made sparse replaced by a lookup pooled by
+    row of the ids themselves where that pays; the outputs of the sites so replaced; and
+    {output: why} of those of [B, L] ids left sparse. statistics: the Program's."""
+    matches = {id(site): _match(graph, site) for site in sites}
+    fill = _fill_by_table(graph, sites, matches, statistics)
+    read, changed, kept = [], [], {}
     for site in sites:
-        match = _match(graph, site)
+        match = matches[id(site)]
+        length = None if match is None else match[0].shape[1]
+        if match is not None and length > 1 and fill.get(site.variable_name, 0.0) < MIN_FILL:
+            kept[site.output] = (
+                f"{fill[site.variable_name]:.0%} of its table's {length} positions hold an id in the warm-up "
+                f"batches, under the {MIN_FILL:.0%} from which reading every position pays"
+                if site.variable_name in fill else
+                f"{length} padded positions: pass warmup_data to picasso_tf.optimize to measure how full they "
+                f"are (read as they are from {MIN_FILL:.0%} filled)")
+            match = None
         if match is None:
             read.append(site)
             continue
         read.append(_rewrite(graph, site, *match))
         changed.append(read[-1].output)
-    return read, changed
+    return read, changed, kept
+
+
+def _fill_by_table(graph, sites, matches, statistics):
+    """{table: the share of its sites' padded positions holding an id the conversion
+    keeps, in the warm-up batches}, for tables read only by matched sites; empty without
+    warm-up batches."""
+    if statistics.batch_size is None:
+        return {}
+    positions, unmatched = collections.defaultdict(int), set()
+    for site in sites:
+        match = matches[id(site)]
+        if match is None:
+            unmatched.add(site.variable_name)
+        else:
+            positions[site.variable_name] += match[0].shape[1]
+    return {table: statistics.accesses.get(table, 0.0) / count for table, count in positions.items()
+            if table not in unmatched}
 
 
 def _match(graph, site):
@@ -78,7 +115,7 @@ def _match(graph, site):
     if (mask.op.type != "NotEqual" or mask.op.inputs[0] is not dense or shape.op.type != "Shape" or
             shape.op.inputs[0] is not dense or not _same_2d_shape(reshape.inputs[2], shape)):
         return None
-    if dense.shape.rank != 2 or dense.shape[1] != 1 or not values.dtype.is_integer:
+    if dense.shape.rank != 2 or dense.shape[1] is None or not values.dtype.is_integer:
         return None
     return dense, transforms[::-1], mask, select
 
@@ -102,8 +139,14 @@ def _rewrite(graph, site, dense, transforms, mask, select):
             # One id per id; said in the graph, as a vocabulary's shape function cannot tell
             # and the fused lookup's shape follows its ids'.
             ids = tf.ensure_shape(ids, dense.shape)
-        kept = tf.logical_and(mask, ids >= 0)
-        ids = tf.where(kept, ids, tf.zeros_like(ids))
+        ignored = _ignored_value(mask.op.inputs[1])
+        if not transforms and ignored is not None and ignored <= 0:
+            # The kept ids are the positive ones (0 ignored) or those >= 0: two ops fewer.
+            kept = ids > 0 if ignored == 0 else ids >= 0
+            ids = tf.maximum(ids, tf.zeros_like(ids))
+        else:
+            kept = tf.logical_and(mask, ids >= 0)
+            ids = tf.where(kept, ids, tf.zeros_like(ids))
         weights = tf.cast(kept, site.dtype)[..., None]
     return dataclasses.replace(site, pattern="sequence", ids=canonical(ids.name), weights=canonical(weights.name),
                                segment_ids=None, num_segments=None, output=canonical(select.outputs[0].name),
@@ -187,6 +230,14 @@ def _same_2d_shape(new_shape, shape):
     leading = prod.inputs[0].op
     return (leading.inputs[0] is shape and _const(leading.inputs[1]) == [0] and _const(leading.inputs[2]) == [1]
             and last.inputs[0] is shape and _const(last.inputs[1]) == 1 and _const(last.inputs[2]) == 0)
+
+
+def _ignored_value(tensor):
+    """The value the conversion drops (NotEqual's other operand), if a constant scalar."""
+    if tensor.op.type == "ZerosLike":           # tf.sparse.from_dense's
+        return 0
+    value = _const(tensor)
+    return value if isinstance(value, int) else None
 
 
 def _const(tensor):

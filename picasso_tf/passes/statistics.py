@@ -30,7 +30,7 @@ def warmup_statistics(captured, analysis, dataset, batches):
     per example, and the share of a batch's ids that are distinct within their site
     (how much a per-unique-row kernel saves: ids repeat in CTR data); and the examples
     per batch."""
-    ids_tensors = [s.ids for s in analysis.sites]
+    ids_tensors = [_looked_up_ids(captured.graph_def, s.ids) for s in analysis.sites]
 
     @tf.function
     def count(features):
@@ -56,3 +56,15 @@ def warmup_statistics(captured, analysis, dataset, batches):
         unique[site.variable_name] += site_distinct
     return (dict(accesses), {name: unique[name] / ids[name] for name in ids if ids[name]},
             examples / max(batches_seen, 1))
+
+
+def _looked_up_ids(graph_def, ids):
+    """The tensor holding the ids a site looks up: for safe_embedding_lookup_sparse, those
+    before SparseFillEmptyRows gives each empty row an id (whose rows it then zeroes), so
+    that a sequence's ids per example count its filled positions."""
+    name, _, index = ids.partition(":")
+    node = next((n for n in graph_def.node if n.name == name), None)
+    if node is None or node.op != "SparseFillEmptyRows" or index != "1":
+        return ids
+    source = node.input[1]
+    return source if ":" in source else source + ":0"
