@@ -15,9 +15,9 @@ Six such features (L = 50, 10,000 ids, width 16) feeding a small MLP, Adagrad, a
 `tf.data` pipeline; per fill (the mean share of non-padding positions: lengths uniform
 in [0, 2 * fill * L]) three models under picasso_tf: the from_dense one optimized
 without warm-up data (its sparse form kept), the same with two warm-up batches (read as
-ids where they are filled enough: the output says whether it was), and the masked one;
-fit calls of 60 steps alternated over 5 rounds; prints the median ms per step and the
-per-round ratios to the first.
+ids where they are filled enough: the output says how many features were), and the
+masked one; timed interleaved by the suite's `measure` (5 rounds of at least 1 s each);
+prints their samples/s and per-round ratios to the first (above 1: faster).
 """
 import argparse
 import os
@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np            # noqa: E402
 import tensorflow as tf       # noqa: E402
 
-from dense_packing import alternating   # noqa: E402
+from tools.benchmarking.timing import Variant, measure, summary_lines   # noqa: E402
 
-LENGTH, VOCAB, DIM, FEATURES, STEPS = 50, 10_000, 16, 6, 60
+LENGTH, VOCAB, DIM, FEATURES = 50, 10_000, 16, 6
 
 
 class SparseBag(tf.keras.layers.Layer):
@@ -79,11 +79,10 @@ def main(argv=None):
     parser.add_argument("--fills", default="0.05,0.2,0.5,0.9")
     parser.add_argument("--batch", type=int, default=1024)
     args = parser.parse_args(argv)
-    print(f"batch {args.batch}, {FEATURES} features of {LENGTH} padded ids, width {DIM}, Adagrad; "
-          f"ms per step (median of 5 rounds of {STEPS} steps)", flush=True)
+    print(f"batch {args.batch}, {FEATURES} features of {LENGTH} padded ids, width {DIM}, Adagrad", flush=True)
     for fill in (float(f) for f in args.fills.split(",")):
         data = dataset(fill, args.batch)
-        runs, read = {}, None
+        variants, read = [], None
         for name, bag, warmup in (("sparse", SparseBag, None), ("read", SparseBag, data.take(2)),
                                   ("masked", MaskedBag, None)):
             tf.keras.utils.set_random_seed(0)
@@ -92,14 +91,13 @@ def main(argv=None):
                 k_packing = next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing")
                 read = len(k_packing["sparse_one_hot_read_as_ids"])
             model.compile(tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy")
-            model.fit(data, steps_per_epoch=10, verbose=0)
-            runs[name] = lambda model=model: model.fit(data, steps_per_epoch=STEPS, verbose=0)
-        seconds, ratios = alternating(runs, rounds=5, steps=1)
-        ms = {name: f"{t / STEPS * 1e3:.2f} ms" for name, t in seconds.items()}
-        print(f"fill {fill:.2f} ({fill * LENGTH:.0f} of {LENGTH} ids): from_dense + safe lookup {ms['sparse']}; "
-              f"with warm-up data ({read} of {FEATURES} read as ids) {ms['read']}, "
-              f"{1 / ratios['read']:.2f}x the time; masked sum {ms['masked']}, {1 / ratios['masked']:.2f}x",
+            variants.append(Variant(name, model, data, args.batch))
+        result = measure(variants, rounds=5, steps=100, warmup_steps=10, min_window_s=1.0,
+                         pairs=[("read", "sparse"), ("masked", "sparse")])
+        print(f"fill {fill:.2f} ({fill * LENGTH:.0f} of {LENGTH} ids; with warm-up data {read} of {FEATURES} "
+              f"features read as ids), load {result['load_average'][0][0]:.1f}->{result['load_average'][1][0]:.1f}:",
               flush=True)
+        print("\n".join("  " + line for line in summary_lines(result)), flush=True)
         tf.keras.backend.clear_session()
 
 

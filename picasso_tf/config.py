@@ -55,7 +55,10 @@ class Config:
       (feature columns do) as they are, each weighted by whether the conversion keeps
       it, without the conversion's ops (not under hybrid_hash or dynamic_vocabulary,
       whose tables would count the ids it weighs 0, nor on several ranks); the report's
-      sparse_one_hot_read_as_ids names them.
+      sparse_one_hot_read_as_ids names them. Padded [B, L] ids made sparse so are read
+      as they are only where warm-up data shows at least 40% of their positions filled
+      (below, every position costs more than the conversion); the report's
+      sparse_ids_kept_sparse says why the others kept their form.
     interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
       features with themselves, transposed, gathered at constant positions) by one
       kernel computing only the gathered dot products, and its gradient without the

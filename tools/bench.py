@@ -325,12 +325,14 @@ def with_other_models(section, previous):
     models run by run; the summary is recomputed over all of them."""
     if not previous or not previous.get("rows"):
         return section
-    redone = {row["name"] for row in section["rows"]}
-    kept = [{**row, "run": row.get("run") or previous["run"]} for row in previous["rows"] if row["name"] not in redone]
-    if not kept:
+    redone = {row["name"]: row for row in section["rows"]}
+    if not any(row["name"] not in redone for row in previous["rows"]):
         return section
-    # Kept rows first, then stably by batch size (deepctr's rows go batch by batch).
-    merged = {**section, "rows": sorted(kept + section["rows"], key=lambda row: row.get("batch_size", 0))}
+    # A redone row takes its previous one's place, new ones go last; then stably by batch
+    # size (deepctr's rows go batch by batch).
+    rows = [redone.pop(row["name"]) if row["name"] in redone else {**row, "run": row.get("run") or previous["run"]}
+            for row in previous["rows"]] + list(redone.values())
+    merged = {**section, "rows": sorted(rows, key=lambda row: row.get("batch_size", 0))}
     if "summary" in section:
         from picasso_tf.tools.benchmarking.deepctr_models import geometric_means
         merged["summary"] = geometric_means(merged["rows"])

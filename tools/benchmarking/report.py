@@ -129,7 +129,7 @@ def _header(results, source):
 
 def _window(results):
     """The shortest window a cell's rounds were timed over (the sizes' min_window_s)."""
-    windows = [r.get("min_window_s") for section in results.values() if isinstance(section, dict)
+    windows = [r.get("min_window_s") for section in results.get("sections", {}).values() if isinstance(section, dict)
                for r in section.get("rows", []) if isinstance(r, dict) and r.get("min_window_s") is not None]
     return f"{min(windows):g}" if windows else "?"
 
