@@ -97,6 +97,16 @@ def test_longer_ids_stay_sparse_without_warm_up_data_or_where_few_positions_are_
         few["sparse_ids_kept_sparse"]["three"]
 
 
+def test_warm_up_counts_the_ids_a_safe_lookup_keeps_not_its_empty_rows_fill():
+    """The fill is measured as the ids the conversion keeps per example: the warm-up
+    statistics count them before SparseFillEmptyRows gives each empty row an id."""
+    features, labels = data(4, three_filled=0.3)
+    optimized = picasso_tf.optimize(build(), warmup_data=warmup(features, labels))
+    table = next(name for name in optimized.picasso.program.statistics.accesses if name.endswith("/t3"))
+    kept = np.sum(features["three"] > 0) / len(labels)        # from_dense drops 0, the lookup prunes -1
+    assert optimized.picasso.program.statistics.accesses[table] == pytest.approx(kept)
+
+
 def test_a_gradient_tape_loop_trains_as_keras_with_the_ids_read_as_they_are():
     tf.keras.utils.set_random_seed(0)
     baseline, original = build(), build()
