@@ -97,6 +97,29 @@ def test_longer_ids_stay_sparse_without_warm_up_data_or_where_few_positions_are_
         few["sparse_ids_kept_sparse"]["three"]
 
 
+class SharedTable(tf.keras.layers.Layer):
+    """The [B, 3] ids made sparse and the [B, 1] ones looked up plainly, in one table."""
+
+    def build(self, shape):
+        self.table = self.add_weight("t", (VOCAB, DIM), initializer="glorot_uniform")
+
+    def call(self, x):
+        return tf.concat([tf.nn.safe_embedding_lookup_sparse(self.table, tf.sparse.from_dense(x["three"]),
+                                                             combiner="mean"),
+                          tf.nn.embedding_lookup(self.table, tf.maximum(x["one"][:, 0], 0))], axis=1)
+
+
+def test_longer_ids_stay_sparse_where_their_table_is_also_read_otherwise():
+    """The warm-up counts a table's ids over all its lookups, so the fill of the padded
+    ones cannot be told apart: they keep their form, and the report says why."""
+    x = {"one": tf.keras.Input((1,), dtype=tf.int64, name="one"),
+         "three": tf.keras.Input((3,), dtype=tf.int64, name="three")}
+    model = tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(SharedTable()(x)))
+    report = _k_packing(picasso_tf.optimize(model, warmup_data=warmup(*data(4))))
+    assert not report["sparse_one_hot_read_as_ids"]
+    assert "their table is also read by other lookups" in report["sparse_ids_kept_sparse"]["three"]
+
+
 def test_warm_up_counts_the_ids_a_safe_lookup_keeps_not_its_empty_rows_fill():
     """The fill is measured as the ids the conversion keeps per example: the warm-up
     statistics count them before SparseFillEmptyRows gives each empty row an id."""

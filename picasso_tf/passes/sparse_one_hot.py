@@ -54,12 +54,16 @@ def read_one_hot_ids(graph, sites, statistics):
         match = matches[id(site)]
         length = None if match is None else match[0].shape[1]
         if match is not None and length > 1 and fill.get(site.variable_name, 0.0) < MIN_FILL:
-            kept[site.output] = (
-                f"{fill[site.variable_name]:.0%} of its table's {length} positions hold an id in the warm-up "
-                f"batches, under the {MIN_FILL:.0%} from which reading every position pays"
-                if site.variable_name in fill else
-                f"{length} padded positions: pass warmup_data to picasso_tf.optimize to measure how full they "
-                f"are (read as they are from {MIN_FILL:.0%} filled)")
+            if site.variable_name in fill:
+                kept[site.output] = (f"{fill[site.variable_name]:.0%} of its table's {length} positions hold an id "
+                                     f"in the warm-up batches, under the {MIN_FILL:.0%} from which reading every "
+                                     "position pays")
+            elif statistics.batch_size is not None:
+                kept[site.output] = (f"{length} padded positions whose fill the warm-up cannot tell: their table "
+                                     "is also read by other lookups, whose ids it counts with theirs")
+            else:
+                kept[site.output] = (f"{length} padded positions: pass warmup_data to picasso_tf.optimize to "
+                                     f"measure how full they are (read as they are from {MIN_FILL:.0%} filled)")
             match = None
         if match is None:
             read.append(site)
