@@ -48,7 +48,7 @@ def read_one_hot_ids(graph, sites, statistics):
     row of the ids themselves where that pays; the outputs of the sites so replaced; and
     {output: why} of those of [B, L] ids left sparse. statistics: the Program's."""
     matches = {id(site): _match(graph, site) for site in sites}
-    fill = _fill_by_table(graph, sites, matches, statistics)
+    fill = _fill_by_table(sites, matches, statistics)
     read, changed, kept = [], [], {}
     for site in sites:
         match = matches[id(site)]
@@ -73,7 +73,7 @@ def read_one_hot_ids(graph, sites, statistics):
     return read, changed, kept
 
 
-def _fill_by_table(graph, sites, matches, statistics):
+def _fill_by_table(sites, matches, statistics):
     """{table: the share of its sites' padded positions holding an id the conversion
     keeps, in the warm-up batches}, for tables read only by matched sites; empty without
     warm-up batches."""
