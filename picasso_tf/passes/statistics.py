@@ -30,7 +30,8 @@ def warmup_statistics(captured, analysis, dataset, batches):
     per example, and the share of a batch's ids that are distinct within their site
     (how much a per-unique-row kernel saves: ids repeat in CTR data); and the examples
     per batch."""
-    ids_tensors = [_looked_up_ids(captured.graph_def, s.ids) for s in analysis.sites]
+    nodes = {node.name: node for node in captured.graph_def.node}
+    ids_tensors = [_looked_up_ids(nodes, s.ids) for s in analysis.sites]
 
     @tf.function
     def count(features):
@@ -58,12 +59,12 @@ def warmup_statistics(captured, analysis, dataset, batches):
             examples / max(batches_seen, 1))
 
 
-def _looked_up_ids(graph_def, ids):
+def _looked_up_ids(nodes, ids):
     """The tensor holding the ids a site looks up: for safe_embedding_lookup_sparse, those
     before SparseFillEmptyRows gives each empty row an id (whose rows it then zeroes), so
     that a sequence's ids per example count its filled positions."""
     name, _, index = ids.partition(":")
-    node = next((n for n in graph_def.node if n.name == name), None)
+    node = nodes.get(name)
     if node is None or node.op != "SparseFillEmptyRows" or index != "1":
         return ids
     source = node.input[1]
