@@ -54,7 +54,8 @@ class Config:
       that the model turns into a SparseTensor for tf.nn.safe_embedding_lookup_sparse
       (feature columns do) as they are, each weighted by whether the conversion keeps
       it, without the conversion's ops (not under hybrid_hash or dynamic_vocabulary,
-      whose tables would count the ids it weighs 0, nor on several ranks); the report's
+      whose tables would count the ids it weighs 0, nor under lazy_optimizer, which
+      would move the rows they read, nor on several ranks); the report's
       sparse_one_hot_read_as_ids names them. Padded [B, L] ids made sparse so are read
       as they are only where warm-up data shows at least 40% of their positions filled
       (below, every position costs more than the conversion); the report's

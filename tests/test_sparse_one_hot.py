@@ -154,3 +154,45 @@ def test_a_gradient_tape_loop_trains_as_keras_with_the_ids_read_as_they_are():
     np.testing.assert_allclose(losses["picasso"], losses["baseline"], rtol=1e-5, atol=1e-6)
     for b, o in zip(baseline.trainable_weights, optimized.trainable_weights):
         np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=b.name)
+
+
+class IgnoringMinusOne(tf.keras.layers.Layer):
+    """[B, 3] ids made sparse as a feature column does, dropping -1: id 0 is a real id."""
+
+    def build(self, shape):
+        self.table = self.add_weight("t", (VOCAB, DIM), initializer="glorot_uniform")
+
+    def call(self, ids):
+        kept = tf.where(tf.not_equal(ids, -1))
+        sparse = tf.SparseTensor(kept, tf.gather_nd(ids, kept), tf.shape(ids, out_type=tf.int64))
+        return tf.nn.safe_embedding_lookup_sparse(self.table, sparse, combiner="mean")
+
+
+def test_under_a_lazy_optimizer_the_ids_stay_sparse_and_rows_they_drop_are_not_moved():
+    """Read as they are, the dropped positions would look row 0 up weighted 0: a touched
+    row, which lazy Adam moves by its moments though its gradient is 0. Row 0 is looked up
+    in the first batch only, so read so it would move in every later step."""
+    def build_minus_one():
+        ids = tf.keras.Input((3,), dtype=tf.int64, name="three")
+        hidden = tf.keras.layers.Dense(8, activation="relu")(IgnoringMinusOne()(ids))
+        return tf.keras.Model(ids, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, VOCAB, (BATCH * 8, 3))
+    ids[rng.random(ids.shape) < 0.3] = -1
+    ids[0, 0] = 0
+    labels = (rng.random(len(ids)) < 0.4).astype("float32")
+    trained = {}
+    for pooling in (True, False):           # sequence_pooling=False: every lookup keeps its form
+        tf.keras.utils.set_random_seed(0)
+        model = picasso_tf.optimize(build_minus_one(), lazy_optimizer=True, sequence_pooling=pooling,
+                                    warmup_data=warmup({"three": ids}, labels))
+        if pooling:
+            report = _k_packing(model)
+            assert not report["sparse_one_hot_read_as_ids"]
+            assert report["sparse_ids_kept_sparse"]["three"].startswith("lazy_optimizer: "), report
+        model.compile(tf.keras.optimizers.Adam(0.05), "binary_crossentropy")
+        model.fit({"three": ids}, labels, batch_size=BATCH, verbose=0, shuffle=False)
+        trained[pooling] = [w.numpy() for w in model.weights]
+    for a, b in zip(*trained.values()):
+        np.testing.assert_array_equal(a, b)

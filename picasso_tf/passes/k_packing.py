@@ -35,6 +35,20 @@ _ID_PASSTHROUGH = {**dict.fromkeys(("Identity", "Cast", "Reshape", "ExpandDims",
                    "SparseFillEmptyRows": 1, "LookupTableFindV2": 1}
 
 
+def _why_sparse_ids_stay_sparse(config):
+    """Why no padded ids made sparse may be read as they are under `config`, or None.
+    Read so, the positions the conversion drops are looked up (as id 0, or the ignored
+    value itself, weighted 0): rows the sparse form never touches."""
+    if config.lazy_optimizer:
+        return ("lazy_optimizer: the rows its dropped positions would read, weighted 0, count as touched, "
+                "and a lazy update moves a touched row even where its gradient is 0")
+    if config.dynamic_vocabulary or config.hybrid_hash:
+        return "a vocabulary or hash table would count the ids read with weight 0 as looked up"
+    if current_world().distributed:
+        return "on several ranks the exchange would carry the ids read with weight 0 (not done there)"
+    return None
+
+
 def k_packing(program, graph, config):
     captured, analysis = program.graphs[graph], program.analyses[graph]
     if not analysis.sites:
@@ -48,11 +62,9 @@ def k_packing(program, graph, config):
     edits.replacements.update(stand_ins)
     edits.removed |= stand_in_nodes
     sites, unpaid, one_hot_read, kept_sparse = analysis.sites, [], [], {}
-    # A vocabulary or hash table would count the ids read with weight 0 as looked up, and
-    # the exchange of several ranks would carry them: not tested there, so not done there.
-    if config.sequence_pooling and not (config.dynamic_vocabulary or config.hybrid_hash or
-                                        current_world().distributed):
-        sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, program.statistics)
+    if config.sequence_pooling:
+        sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, program.statistics,
+                                                            _why_sparse_ids_stay_sparse(config))
     if config.sequence_pooling:
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
             [captured.regularization_loss] if captured.regularization_loss else [])

@@ -42,17 +42,20 @@ from picasso_tf.graph.graph_def_util import canonical
 MIN_FILL = 0.4
 
 
-def read_one_hot_ids(graph, sites, statistics):
+def read_one_hot_ids(graph, sites, statistics, refused=None):
     """(sites, outputs, kept): the sites of a tf.Graph holding the captured graph, each
     safe_embedding_lookup_sparse of padded ids made sparse replaced by a lookup pooled by
     row of the ids themselves where that pays; the outputs of the sites so replaced; and
-    {output: why} of those of [B, L] ids left sparse. statistics: the Program's."""
+    {output: why} of those left sparse (every [B, L] one that does not pay; every one when
+    `refused`, a reason, says none may be read so). statistics: the Program's."""
     matches = {id(site): _match(graph, site) for site in sites}
     fill = _fill_by_table(sites, matches, statistics)
     read, changed, kept = [], [], {}
     for site in sites:
         match = matches[id(site)]
         length = None if match is None else match[0].shape[1]
+        if match is not None and refused:
+            kept[site.output], match = refused, None
         if match is not None and length > 1 and fill.get(site.variable_name, 0.0) < MIN_FILL:
             if site.variable_name in fill:
                 kept[site.output] = (f"{fill[site.variable_name]:.0%} of its table's {length} positions hold an id "
