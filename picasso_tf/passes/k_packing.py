@@ -65,7 +65,6 @@ def k_packing(program, graph, config):
     if config.sequence_pooling:
         sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, program.statistics,
                                                             _why_sparse_ids_stay_sparse(config))
-    if config.sequence_pooling:
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
             [captured.regularization_loss] if captured.regularization_loss else [])
         sites, shape_stand_ins, unpaid = pool_sequences(scratch, sites, [canonical(t) for t in kept])
