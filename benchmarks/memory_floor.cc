@@ -1,0 +1,247 @@
+// The least memory work of wide_lr's embedding step, as a plain C++ loop: the floor that
+// benchmarks/memory_floor.py sets picasso_tf's fused kernels beside. No TensorFlow, no
+// id checks, no deterministic order: only the row reads and writes the step cannot avoid.
+//
+//   memory_floor IDS_FILE REPEATS
+//
+// IDS_FILE: int64 fields, batch, then per field its vocab and width, then the ids
+// [fields][batch]. Two threads, as picasso_tf's intra-op pool on this machine. Prints one
+// line per pass: its name and the median milliseconds over REPEATS.
+//
+//   forward      logit[b] = sum over fields of table_f[id] . w_f (one row read per id)
+//   update       per field: the upstream scalar summed per unique id (the projection's
+//                row gradient is that sum times w_f), then Adagrad on each unique row:
+//                its table row and its accumulator row read and written, w_f's
+//                gradient gains the row times the sum (Keras' layout: two arrays)
+//   update, one row  the same with each table row and its accumulator row side by side
+//                in one array (the layout Keras' slot variables do not have)
+//   lines read   the forward's cache lines only: one float of each line of each id's row
+//                read, no arithmetic (the memory system's floor for the forward)
+//   lines updated  the update's cache lines only: one float of each line of each unique
+//                row and of its accumulator row incremented (its floor for the update)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kThreads = 2;
+#ifndef AHEAD
+#define AHEAD 8
+#endif
+constexpr int64_t kAhead = AHEAD;  // rows prefetched ahead
+
+// Tables start on a cache line, as TensorFlow's allocations do.
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64));
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const LineAligned&) const { return true; }
+};
+using Rows = std::vector<float, LineAligned<float>>;
+
+struct Field {
+  int64_t vocab, d;
+  std::vector<int64_t> ids;
+  Rows table, acc, both;
+  std::vector<float> w, dw, sums;
+  std::vector<uint8_t> seen;
+  std::vector<int64_t> unique;
+};
+
+void Prefetch(const float* p, int64_t n, int write) {
+  for (int64_t b = 0; b < n * 4; b += 64) __builtin_prefetch(reinterpret_cast<const char*>(p) + b, write);
+}
+
+// Runs work(item) for items [0, n) on kThreads threads, each taking the next item.
+void OnThreads(int64_t n, const std::function<void(int64_t)>& work) {
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int64_t i; (i = next.fetch_add(1)) < n;) work(i);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+void Forward(std::vector<Field>& fields, int64_t batch, std::vector<float>& logits) {
+  // Each thread adds every field into its half of the batch.
+  OnThreads(kThreads, [&](int64_t t) {
+    const int64_t b0 = batch * t / kThreads, b1 = batch * (t + 1) / kThreads;
+    for (auto& f : fields) {
+      const int64_t* ids = f.ids.data();
+      for (int64_t b = b0; b < b1; ++b) {
+        if (b + kAhead < b1) Prefetch(f.table.data() + ids[b + kAhead] * f.d, f.d, 0);
+        const float* __restrict row = f.table.data() + ids[b] * f.d;
+        const float* __restrict w = f.w.data();
+        float dot = 0;
+        for (int64_t k = 0; k < f.d; ++k) dot += row[k] * w[k];
+        logits[b] += dot;
+      }
+    }
+  });
+}
+
+// The unique ids of f and the upstream summed per id (in f.sums, indexed by id).
+void SumUpstream(Field& f, const std::vector<float>& dy) {
+  f.unique.clear();
+  for (size_t b = 0; b < f.ids.size(); ++b) {
+    const int64_t id = f.ids[b];
+    if (!f.seen[id]) {
+      f.seen[id] = 1;
+      f.unique.push_back(id);
+    }
+    f.sums[id] += dy[b];
+  }
+}
+
+void Update(std::vector<Field>& fields, const std::vector<float>& dy, bool one_row) {
+  constexpr float kRate = 0.01f;
+  OnThreads(static_cast<int64_t>(fields.size()), [&](int64_t i) {
+    Field& f = fields[i];
+    SumUpstream(f, dy);
+    const int64_t d = f.d, n = static_cast<int64_t>(f.unique.size());
+    for (int64_t j = 0; j < n; ++j) {
+      if (j + kAhead < n) {
+        const int64_t ahead = f.unique[j + kAhead];
+        if (one_row) {
+          Prefetch(f.both.data() + ahead * 2 * d, 2 * d, 1);
+        } else {
+          Prefetch(f.table.data() + ahead * d, d, 1);
+          Prefetch(f.acc.data() + ahead * d, d, 1);
+        }
+      }
+      const int64_t u = f.unique[j];
+      float* __restrict row = one_row ? f.both.data() + u * 2 * d : f.table.data() + u * d;
+      float* __restrict acc = one_row ? row + d : f.acc.data() + u * d;
+      const float* __restrict w = f.w.data();
+      float* __restrict dw = f.dw.data();
+      const float s = f.sums[u];
+      for (int64_t k = 0; k < d; ++k) {
+        const float g = s * w[k];
+        dw[k] += s * row[k];
+        acc[k] += g * g;
+        row[k] -= kRate * g / std::sqrt(acc[k]);
+      }
+      f.sums[u] = 0;
+      f.seen[u] = 0;
+    }
+  });
+}
+
+// Reads one float of every cache line of every id's row: the forward's memory traffic.
+void ReadLines(std::vector<Field>& fields, int64_t batch, std::vector<float>& logits) {
+  OnThreads(kThreads, [&](int64_t t) {
+    const int64_t b0 = batch * t / kThreads, b1 = batch * (t + 1) / kThreads;
+    for (auto& f : fields) {
+      const int64_t* ids = f.ids.data();
+      for (int64_t b = b0; b < b1; ++b) {
+        if (b + kAhead < b1) Prefetch(f.table.data() + ids[b + kAhead] * f.d, f.d, 0);
+        const float* row = f.table.data() + ids[b] * f.d;
+        float touched = 0;
+        for (int64_t k = 0; k < f.d; k += 16) touched += row[k];
+        logits[b] += touched;
+      }
+    }
+  });
+}
+
+// Increments one float of every cache line of every unique row and its accumulator row
+// (the unique ids found beforehand): the update's memory traffic.
+void UpdateLines(std::vector<Field>& fields) {
+  OnThreads(static_cast<int64_t>(fields.size()), [&](int64_t i) {
+    Field& f = fields[i];
+    const int64_t d = f.d, n = static_cast<int64_t>(f.unique.size());
+    for (int64_t j = 0; j < n; ++j) {
+      if (j + kAhead < n) {
+        Prefetch(f.table.data() + f.unique[j + kAhead] * d, d, 1);
+        Prefetch(f.acc.data() + f.unique[j + kAhead] * d, d, 1);
+      }
+      float* row = f.table.data() + f.unique[j] * d;
+      float* acc = f.acc.data() + f.unique[j] * d;
+      for (int64_t k = 0; k < d; k += 16) {
+        row[k] += 1e-9f;
+        acc[k] += 1e-9f;
+      }
+    }
+  });
+}
+
+double Milliseconds(const std::function<void()>& pass) {
+  const auto start = std::chrono::steady_clock::now();
+  pass();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s IDS_FILE REPEATS\n", argv[0]);
+    return 2;
+  }
+  FILE* in = std::fopen(argv[1], "rb");
+  if (!in) {
+    std::perror(argv[1]);
+    return 2;
+  }
+  int64_t header[2];
+  if (std::fread(header, sizeof(int64_t), 2, in) != 2) return 2;
+  const int64_t num_fields = header[0], batch = header[1];
+  std::vector<Field> fields(num_fields);
+  for (auto& f : fields) {
+    int64_t shape[2];
+    if (std::fread(shape, sizeof(int64_t), 2, in) != 2) return 2;
+    f.vocab = shape[0];
+    f.d = shape[1];
+  }
+  for (auto& f : fields) {
+    f.ids.resize(batch);
+    if (std::fread(f.ids.data(), sizeof(int64_t), batch, in) != static_cast<size_t>(batch)) return 2;
+    f.table.assign(f.vocab * f.d, 0.01f);
+    f.acc.assign(f.vocab * f.d, 0.1f);
+    f.both.assign(f.vocab * f.d * 2, 0.1f);
+    f.w.assign(f.d, 0.02f);
+    f.dw.assign(f.d, 0.0f);
+    f.sums.assign(f.vocab, 0.0f);
+    f.seen.assign(f.vocab, 0);
+  }
+  std::fclose(in);
+  std::vector<float> logits(batch), dy(batch);
+  for (int64_t b = 0; b < batch; ++b) dy[b] = (b % 7 - 3) * 1e-4f;
+
+  const int repeats = std::atoi(argv[2]);
+  const std::vector<std::pair<const char*, std::function<void()>>> passes = {
+      {"forward", [&] { Forward(fields, batch, logits); }},
+      {"update", [&] { Update(fields, dy, false); }},
+      {"update, one row", [&] { Update(fields, dy, true); }},
+      {"lines read", [&] { ReadLines(fields, batch, logits); }},
+      {"lines updated", [&] { UpdateLines(fields); }},  // f.unique: the last update's
+  };
+  std::vector<std::vector<double>> times(passes.size());
+  for (int r = 0; r < repeats + 2; ++r) {  // the first two warm up
+    for (size_t p = 0; p < passes.size(); ++p) {
+      const double ms = Milliseconds(passes[p].second);
+      if (r >= 2) times[p].push_back(ms);
+    }
+  }
+  for (size_t p = 0; p < passes.size(); ++p) {
+    std::nth_element(times[p].begin(), times[p].begin() + times[p].size() / 2, times[p].end());
+    std::printf("%s\t%.3f\n", passes[p].first, times[p][times[p].size() / 2]);
+  }
+  return 0;
+}
