@@ -5,8 +5,9 @@
 //   memory_floor IDS_FILE REPEATS
 //
 // IDS_FILE: int64 fields, batch, then per field its vocab and width, then the ids
-// [fields][batch]. Two threads, as picasso_tf's intra-op pool on this machine. Prints one
-// line per pass: its name and the median milliseconds over REPEATS.
+// [fields][batch]. Two threads, as picasso_tf's intra-op pool on this machine (-DTHREADS=N
+// for N); rows prefetched AHEAD ahead (-DAHEAD=N, 8 by default). Prints one line per
+// pass: its name and the median milliseconds over REPEATS.
 //
 //   forward      logit[b] = sum over fields of table_f[id] . w_f (one row read per id)
 //   update       per field: the upstream scalar summed per unique id (the projection's
@@ -32,7 +33,10 @@
 
 namespace {
 
-constexpr int kThreads = 2;
+#ifndef THREADS
+#define THREADS 2
+#endif
+constexpr int kThreads = THREADS;
 #ifndef AHEAD
 #define AHEAD 8
 #endif

@@ -5,13 +5,16 @@ spends most of its picasso_tf step in two kernels: the stitched projection (one 
 per id) and its gradient with Adagrad applied in the kernel (per unique row: the table
 row and its accumulator row read and written). `memory_floor.cc` does the same memory
 work as a plain C++ loop on the same ids, with two threads and no TensorFlow, id checks
-or fixed summation order: a floor, not a kernel picasso_tf could ship. It also runs the
+or fixed summation order (a reference, not a kernel picasso_tf could ship), and the same
+cache lines touched with no arithmetic (the memory traffic alone). It also runs the
 update with each table row and its accumulator row side by side in one array, a layout
 Keras' separate slot variables (which checkpoints hold) do not have.
 
-  python benchmarks/memory_floor.py [--rounds 3]
+  python benchmarks/memory_floor.py [--rounds 3] [--ahead 8,32]
 
-The C++ loop is compiled here (g++ -O3 -march=native -ffast-math: the floor may reorder sums). Rounds alternate the kernels
+The C++ loop is compiled here once per prefetch distance in --ahead (rows prefetched
+ahead; picasso_tf's kernels take 8 to 32 by row size, `PrefetchDistance`), with
+g++ -O3 -march=native -ffast-math (the floor may reorder sums). Rounds alternate the kernels
 (tools/benchmarking/stages.py, 15 timings a round after warm-up) and the floor (15
 repeats a round); prints each round and the medians over rounds.
 """
@@ -34,9 +37,9 @@ KERNELS = {"projection": "picasso: projection", "grad + Adagrad": "picasso: grad
 FLOORS = ("forward", "update", "update, one row", "lines read", "lines updated")
 
 
-def compile_floor(directory):
-    binary = os.path.join(directory, "memory_floor")
-    subprocess.run(["g++", "-O3", "-march=native", "-ffast-math", "-pthread", "-o", binary,
+def compile_floor(directory, ahead):
+    binary = os.path.join(directory, f"memory_floor_{ahead}")
+    subprocess.run(["g++", "-O3", "-march=native", "-ffast-math", "-pthread", f"-DAHEAD={ahead}", "-o", binary,
                     os.path.join(HERE, "memory_floor.cc")], check=True)
     return binary
 
@@ -57,30 +60,38 @@ def floor_times(binary, ids_path, repeats=15):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ahead", default="8,32", help="the floor's prefetch distances, in rows")
     args = parser.parse_args(argv)
+    distances = [int(a) for a in args.ahead.split(",")]
     data, sizes, layouts, tables = prepared(sections.MODES["full"].packing_dims)
     batch = sizes.packing_batch
-    times = {name: [] for name in list(KERNELS) + list(FLOORS)}
+    kernels = {name: [] for name in KERNELS}
+    floors = {a: {name: [] for name in FLOORS} for a in distances}
     with tempfile.TemporaryDirectory() as scratch:
-        binary, ids_path = compile_floor(scratch), os.path.join(scratch, "ids.bin")
+        binaries = {a: compile_floor(scratch, a) for a in distances}
+        ids_path = os.path.join(scratch, "ids.bin")
         write_ids(ids_path, data.schema, data.features, batch)
         for r in range(args.rounds):
             out = stage_times(data.schema, data.features, data.labels, batch, layouts, tables)
             measured = {name.split(" (")[0]: value["ms"] for name, value in out["stages"].items()}
             for name, stage in KERNELS.items():
-                times[name].append(measured[stage])
-            for name, ms in floor_times(binary, ids_path).items():
-                times[name].append(ms)
-            print(f"round {r}: " + ", ".join(f"{name} {v[-1]:.2f} ms" for name, v in times.items()), flush=True)
-    medians = {name: float(np.median(v)) for name, v in times.items()}
-    print(f"ids a step {out['ids']:,}, unique rows {out['unique_rows']:,}")
-    print(f"kernels: projection {medians['projection']:.2f} ms, grad + Adagrad {medians['grad + Adagrad']:.2f} ms")
-    print(f"floor:   forward {medians['forward']:.2f} ms, update {medians['update']:.2f} ms, "
-          f"update with one row per id {medians['update, one row']:.2f} ms")
-    print(f"memory only: the forward's lines read {medians['lines read']:.2f} ms, "
-          f"the update's lines read and written {medians['lines updated']:.2f} ms")
-    print(f"kernel / floor: projection {medians['projection'] / medians['forward']:.2f}x, "
-          f"grad + Adagrad {medians['grad + Adagrad'] / medians['update']:.2f}x")
+                kernels[name].append(measured[stage])
+            print(f"round {r}, kernels: " + ", ".join(f"{n} {v[-1]:.2f} ms" for n, v in kernels.items()), flush=True)
+            for a, binary in binaries.items():
+                for name, ms in floor_times(binary, ids_path).items():
+                    floors[a][name].append(ms)
+                print(f"round {r}, floor {a} rows ahead: " + ", ".join(f"{n} {v[-1]:.2f} ms" for n, v in floors[a].items()),
+                      flush=True)
+    kernel = {name: float(np.median(v)) for name, v in kernels.items()}
+    print(f"ids a step {out['ids']:,}, unique rows {out['unique_rows']:,}; medians over {args.rounds} rounds:")
+    print(f"kernels: projection {kernel['projection']:.2f} ms, grad + Adagrad {kernel['grad + Adagrad']:.2f} ms")
+    for a in distances:
+        floor = {name: float(np.median(v)) for name, v in floors[a].items()}
+        print(f"floor, {a} rows ahead: forward {floor['forward']:.2f} ms, update {floor['update']:.2f} ms, "
+              f"update with one row per id {floor['update, one row']:.2f} ms; memory only: the forward's lines "
+              f"{floor['lines read']:.2f} ms, the update's {floor['lines updated']:.2f} ms; kernel / floor: "
+              f"projection {kernel['projection'] / floor['forward']:.2f}x, "
+              f"grad + Adagrad {kernel['grad + Adagrad'] / floor['update']:.2f}x")
 
 
 if __name__ == "__main__":
