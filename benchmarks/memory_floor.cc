@@ -82,8 +82,11 @@ void OnThreads(int64_t n, const std::function<void(int64_t)>& work) {
   for (auto& t : threads) t.join();
 }
 
+// Each thread adds every field into its half of the batch: the dot product of each id's
+// row with w_f or, kLinesOnly, one float of each cache line of the row (the memory
+// traffic alone).
+template <bool kLinesOnly>
 void Forward(std::vector<Field>& fields, int64_t batch, std::vector<float>& logits) {
-  // Each thread adds every field into its half of the batch.
   OnThreads(kThreads, [&](int64_t t) {
     const int64_t b0 = batch * t / kThreads, b1 = batch * (t + 1) / kThreads;
     for (auto& f : fields) {
@@ -92,9 +95,13 @@ void Forward(std::vector<Field>& fields, int64_t batch, std::vector<float>& logi
         if (b + kAhead < b1) Prefetch(f.table.data() + ids[b + kAhead] * f.d, f.d, 0);
         const float* __restrict row = f.table.data() + ids[b] * f.d;
         const float* __restrict w = f.w.data();
-        float dot = 0;
-        for (int64_t k = 0; k < f.d; ++k) dot += row[k] * w[k];
-        logits[b] += dot;
+        float sum = 0;
+        if (kLinesOnly) {
+          for (int64_t k = 0; k < f.d; k += 16) sum += row[k];
+        } else {
+          for (int64_t k = 0; k < f.d; ++k) sum += row[k] * w[k];
+        }
+        logits[b] += sum;
       }
     }
   });
@@ -143,23 +150,6 @@ void Update(std::vector<Field>& fields, const std::vector<float>& dy, bool one_r
       }
       f.sums[u] = 0;
       f.seen[u] = 0;
-    }
-  });
-}
-
-// Reads one float of every cache line of every id's row: the forward's memory traffic.
-void ReadLines(std::vector<Field>& fields, int64_t batch, std::vector<float>& logits) {
-  OnThreads(kThreads, [&](int64_t t) {
-    const int64_t b0 = batch * t / kThreads, b1 = batch * (t + 1) / kThreads;
-    for (auto& f : fields) {
-      const int64_t* ids = f.ids.data();
-      for (int64_t b = b0; b < b1; ++b) {
-        if (b + kAhead < b1) Prefetch(f.table.data() + ids[b + kAhead] * f.d, f.d, 0);
-        const float* row = f.table.data() + ids[b] * f.d;
-        float touched = 0;
-        for (int64_t k = 0; k < f.d; k += 16) touched += row[k];
-        logits[b] += touched;
-      }
     }
   });
 }
@@ -230,10 +220,10 @@ int main(int argc, char** argv) {
 
   const int repeats = std::atoi(argv[2]);
   const std::vector<std::pair<const char*, std::function<void()>>> passes = {
-      {"forward", [&] { Forward(fields, batch, logits); }},
+      {"forward", [&] { Forward<false>(fields, batch, logits); }},
       {"update", [&] { Update(fields, dy, false); }},
       {"update, one row", [&] { Update(fields, dy, true); }},
-      {"lines read", [&] { ReadLines(fields, batch, logits); }},
+      {"lines read", [&] { Forward<true>(fields, batch, logits); }},
       {"lines updated", [&] { UpdateLines(fields); }},  // f.unique: the last update's
   };
   std::vector<std::vector<double>> times(passes.size());
