@@ -1,6 +1,6 @@
-// The least memory work of wide_lr's embedding step, as a plain C++ loop: the floor that
-// benchmarks/memory_floor.py sets picasso_tf's fused kernels beside. No TensorFlow, no
-// id checks, no deterministic order: only the row reads and writes the step cannot avoid.
+// wide_lr's embedding step as plain C++ loops, which benchmarks/memory_floor.py sets
+// picasso_tf's fused kernels beside. No TensorFlow, no id checks, no deterministic
+// order: the row reads and writes the step cannot avoid, and the arithmetic on them.
 //
 //   memory_floor IDS_FILE REPEATS
 //

@@ -13,7 +13,8 @@ Keras' separate slot variables (which checkpoints hold) do not have.
   python benchmarks/memory_floor.py [--rounds 3] [--ahead 8,32]
 
 The C++ loop is compiled here once per prefetch distance in --ahead (rows prefetched
-ahead; picasso_tf's kernels take 8 to 32 by row size, `PrefetchDistance`), with
+ahead; picasso_tf's kernels take 8 to 32 by row size, `PrefetchDistance`, its projection
+16 to 64), with
 g++ -O3 -march=native -ffast-math (the floor may reorder sums). Rounds alternate the kernels
 (tools/benchmarking/stages.py, 15 timings a round after warm-up) and the floor (15
 repeats a round); prints each round and the medians over rounds.
