@@ -219,6 +219,10 @@ int main(int argc, char** argv) {
   for (int64_t b = 0; b < batch; ++b) dy[b] = (b % 7 - 3) * 1e-4f;
 
   const int repeats = std::atoi(argv[2]);
+  if (repeats < 1) {
+    std::fprintf(stderr, "REPEATS must be at least 1, got %s\n", argv[2]);
+    return 2;
+  }
   const std::vector<std::pair<const char*, std::function<void()>>> passes = {
       {"forward", [&] { Forward<false>(fields, batch, logits); }},
       {"update", [&] { Update(fields, dy, false); }},
