@@ -41,26 +41,19 @@ constexpr int kProjectionBands = 8;
 
 // A site's columns of the projection kernel, as the kernels below read them: kt holds
 // the kernel transposed ([units, width]: output p's weights contiguous), and row j of
-// the site's own output, in slot j % blocks of output row j / blocks, meets kernel rows
-// column + slot * d onwards.
+// the site's own output meets kernel rows column + (j % blocks) * d onwards.
 template <typename T>
 struct KernelSlice {
   const T* kt;
   int64_t width, units, column, blocks;
 
-  // Where output p's weights for slot `slot` start, in kt (or in a gradient of the same
-  // layout).
-  int64_t offset(int64_t p, int64_t slot, int64_t d) const { return p * width + column + slot * d; }
-  const T* weights(int64_t p, int64_t slot, int64_t d) const { return kt + offset(p, slot, d); }
+  // Where output p's weights for row j of the site start, in kt (or in a gradient of
+  // the same layout).
+  int64_t offset(int64_t p, int64_t j, int64_t d) const {
+    return p * width + column + (j % blocks) * d;
+  }
+  const T* weights(int64_t p, int64_t j, int64_t d) const { return kt + offset(p, j, d); }
 };
-
-// Row j of a site with `blocks` slots per output row: its output row and slot. The
-// kernels walk their entries by output row and slot instead where they can: a 64-bit
-// division per id costs as much as the id's row read. Most sites have one slot.
-inline std::pair<int64_t, int64_t> RowAndSlot(int64_t j, int64_t blocks) {
-  if (blocks == 1) return {j, 0};
-  return {j / blocks, j % blocks};
-}
 
 // The kernel [width, units] transposed to [units, width].
 template <typename T>
@@ -100,37 +93,31 @@ bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table,
   const int64_t begin = r0 * k.blocks, end = r1 * k.blocks;
   T sums[kMaxProjectionUnits];
   if (!s.pooled) {
-    // Entry j = r * blocks + slot.
-    for (int64_t r = r0, j = begin; r < r1; ++r) {
-      T* out = y + r * k.units;
-      for (int64_t slot = 0; slot < k.blocks; ++slot, ++j) {
-        if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
-        const Tid id = s.ids[j];
-        if (!s.Valid(id)) return false;
-        const T* row = base + static_cast<int64_t>(id) * d;
-        for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, k.weights(p, slot, d), d);
-      }
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
+      const Tid id = s.ids[j];
+      if (!s.Valid(id)) return false;
+      const T* row = base + static_cast<int64_t>(id) * d;
+      T* out = y + (j / k.blocks) * k.units;
+      for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, k.weights(p, j, d), d);
     }
     return true;
   }
   auto entry = [&index](int64_t q) -> int64_t { return index.perm ? index.perm[q] : q; };
   const int64_t q_end = index.start[end];
-  // Segment seg = r * blocks + slot.
-  for (int64_t r = r0, seg = begin; r < r1; ++r) {
-    T* out = y + r * k.units;
-    for (int64_t slot = 0; slot < k.blocks; ++slot, ++seg) {
-      std::fill(sums, sums + k.units, T(0));
-      const int64_t first = index.start[seg], last = index.start[seg + 1];
-      for (int64_t q = first; q < last; ++q) {
-        if (q + ahead < q_end) PrefetchBytes(RowAddress(base, s.ids[entry(q + ahead)], d), row_bytes);
-        const Tid id = s.ids[entry(q)];
-        if (!s.Valid(id)) return false;
-        const T* row = base + static_cast<int64_t>(id) * d;
-        for (int64_t p = 0; p < k.units; ++p) sums[p] += DotRow<kD>(row, k.weights(p, slot, d), d);
-      }
-      const T scale = PoolScale<T>(s.combiner, last - first);
-      for (int64_t p = 0; p < k.units; ++p) out[p] += sums[p] * scale;
+  for (int64_t seg = begin; seg < end; ++seg) {
+    std::fill(sums, sums + k.units, T(0));
+    const int64_t first = index.start[seg], last = index.start[seg + 1];
+    for (int64_t q = first; q < last; ++q) {
+      if (q + ahead < q_end) PrefetchBytes(RowAddress(base, s.ids[entry(q + ahead)], d), row_bytes);
+      const Tid id = s.ids[entry(q)];
+      if (!s.Valid(id)) return false;
+      const T* row = base + static_cast<int64_t>(id) * d;
+      for (int64_t p = 0; p < k.units; ++p) sums[p] += DotRow<kD>(row, k.weights(p, seg, d), d);
     }
+    const T scale = PoolScale<T>(s.combiner, last - first);
+    T* out = y + (seg / k.blocks) * k.units;
+    for (int64_t p = 0; p < k.units; ++p) out[p] += sums[p] * scale;
   }
   return true;
 }
@@ -320,9 +307,8 @@ void AddPooled(const Site<T, Tid>& s, int64_t blocks, int64_t slot, const T* sca
                int64_t columns, T* y) {
   constexpr int64_t kC = kBlockColumns<T>;
   for (int64_t j = 0; j < s.n; ++j) {
-    const int64_t seg = s.segments[j];
-    const auto [row, seg_slot] = RowAndSlot(seg, blocks);
-    if (seg_slot != slot || row < r0 || row >= r1) continue;
+    const int64_t seg = s.segments[j], row = seg / blocks;
+    if (seg % blocks != slot || row < r0 || row >= r1) continue;
     const T scale = scales ? scales[seg] : T(1);
     if (columns == kC) {
       AxpyRow<kC>(y + row * units, z + inverse[j] * kC, scale, kC);
@@ -348,17 +334,16 @@ void SumUpstream(const Site<T, Tid>& s, int64_t blocks, int64_t slot, const T* s
   if (s.pooled) {
     for (int64_t j = 0; j < s.n; ++j) {
       const int64_t seg = s.segments[j];
-      const auto [row, seg_slot] = RowAndSlot(seg, blocks);
-      if (seg_slot != slot) continue;
+      if (seg % blocks != slot) continue;
       const T scale = scales ? scales[seg] : T(1);
-      const T* g = dy + row * units;
+      const T* g = dy + (seg / blocks) * units;
       T* sum = sums + inverse[j] * units;
       for (int64_t p = 0; p < units; ++p) sum[p] += scale * g[p];
     }
     return;
   }
-  for (int64_t j = slot, row = 0; j < s.n; j += blocks, ++row) {
-    const T* g = dy + row * units;
+  for (int64_t j = slot; j < s.n; j += blocks) {
+    const T* g = dy + (j / blocks) * units;
     T* sum = sums + inverse[j] * units;
     for (int64_t p = 0; p < units; ++p) sum[p] += g[p];
   }
@@ -407,13 +392,12 @@ struct EntriesByRow {
     // Calls fn(local entry, dy row, scale) for the slot's entries in order.
     auto visit = [&](const auto& fn) {
       if (!s.pooled) {
-        for (int64_t j = slot, row = 0; j < s.n; j += blocks, ++row) fn(j, row, T(1));
+        for (int64_t j = slot; j < s.n; j += blocks) fn(j, j / blocks, T(1));
         return;
       }
       for (int64_t j = 0; j < s.n; ++j) {
         const int64_t seg = s.segments[j];
-        const auto [row, seg_slot] = RowAndSlot(seg, blocks);
-        if (seg_slot == slot) fn(j, row, segment_scales ? segment_scales[seg] : T(1));
+        if (seg % blocks == slot) fn(j, seg / blocks, segment_scales ? segment_scales[seg] : T(1));
       }
     };
     starts.assign(num_unique + 1, 0);
