@@ -74,11 +74,13 @@ T PoolScale(Combiner combiner, int64_t count) {
   return denominator == 0 ? T(0) : T(1) / denominator;
 }
 
-// How many rows ahead the projection prefetches: about 4 KB, 16 to 64 rows. It does
+// How many rows ahead the projection prefetches: about 12 KB, 16 to 96 rows. It does
 // one dot product per row, less work than the loops PrefetchDistance was measured on,
-// so a row must be asked for earlier to arrive in time (benchmarks/memory_floor.py).
+// so a row must be asked for earlier to arrive in time: this machine's memory answers
+// more misses at once than a shorter distance asks for (benchmarks/memory_floor.py;
+// docs/benchmarks.md, "The projection's prefetch distance").
 constexpr int64_t ProjectionPrefetchDistance(int64_t row_bytes) {
-  return std::clamp<int64_t>(4096 / std::max<int64_t>(row_bytes, 1), 16, 64);
+  return std::clamp<int64_t>(12288 / std::max<int64_t>(row_bytes, 1), 16, 96);
 }
 
 // Adds site s's share of output rows [r0, r1) to y [rows, units]: for each of its
