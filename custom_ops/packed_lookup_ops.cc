@@ -530,18 +530,13 @@ struct GradColumn {
   int64_t d;
 };
 
-// Writes the gradient rows of a band of columns of a stitched gradient [rows, W],
-// reading it row by row, left to right across the band (sequential loads, rather
-// than one column, a load every W values, at a time). Prefetch streams as in
-// FillStitchedRows: each column's inverse indexes a few rows down, and the gradient
-// rows that the columns a few places to the right add to. Each row's sum keeps entry
-// order, as in SumContributions.
-template <typename T>
-void SumBand(const std::vector<GradColumn<T>>& columns, int64_t rows) {
+// SumBand's loop over the rows, for columns all of width kD (0: any widths, each
+// column's row loop picked per row).
+template <int64_t kD, typename T>
+void SumBandRows(const std::vector<GradColumn<T>>& columns, int64_t rows) {
   constexpr int kRowsAhead = 8;
   const int n = static_cast<int>(columns.size());
   const int ahead = std::min(8, n - 1);
-  for (const auto& col : columns) std::fill(col.out, col.out + col.num_unique * col.d, T(0));
   for (int64_t r = 0; r < rows; ++r) {
     int a = ahead;
     int64_t a_row = r;
@@ -558,15 +553,41 @@ void SumBand(const std::vector<GradColumn<T>>& columns, int64_t rows) {
         a = 0;
         ++a_row;
       }
-      DispatchDim(col.d, [&](auto dim) {
-        constexpr int64_t kD = decltype(dim)::value;
+      if constexpr (kD == 0) {
+        DispatchDim(col.d, [&](auto dim) {
+          constexpr int64_t kW = decltype(dim)::value;
+          for (int64_t j = r * k; j < (r + 1) * k; ++j) {
+            AxpyRow<kW>(col.out + col.inverse[j] * col.d, col.grad(j),
+                        col.weights ? col.weights[j] : T(1), col.d);
+          }
+        });
+      } else {
         for (int64_t j = r * k; j < (r + 1) * k; ++j) {
-          AxpyRow<kD>(col.out + col.inverse[j] * col.d, col.grad(j),
-                      col.weights ? col.weights[j] : T(1), col.d);
+          AxpyRow<kD>(col.out + col.inverse[j] * kD, col.grad(j),
+                      col.weights ? col.weights[j] : T(1), kD);
         }
-      });
+      }
     }
   }
+}
+
+// Writes the gradient rows of a band of columns of a stitched gradient [rows, W],
+// reading it row by row, left to right across the band (sequential loads, rather
+// than one column, a load every W values, at a time). Prefetch streams as in
+// FillStitchedRows: each column's inverse indexes a few rows down, and the gradient
+// rows that the columns a few places to the right add to. Each row's sum keeps entry
+// order, as in SumContributions. A band of one width picks its row loop once.
+template <typename T>
+void SumBand(const std::vector<GradColumn<T>>& columns, int64_t rows) {
+  for (const auto& col : columns) std::fill(col.out, col.out + col.num_unique * col.d, T(0));
+  const int64_t d = columns.front().d;
+  const bool one_width = std::all_of(columns.begin(), columns.end(),
+                                     [d](const GradColumn<T>& col) { return col.d == d; });
+  if (!one_width) {
+    SumBandRows<0>(columns, rows);
+    return;
+  }
+  DispatchDim(d, [&](auto dim) { SumBandRows<decltype(dim)::value>(columns, rows); });
 }
 
 // The attributes of a lookup gradient: kStitched false, PicassoPackedLookupGrad (one

@@ -65,9 +65,10 @@ SPECS = [
 
 @pytest.mark.parametrize("rows", [0, 1, 37, 3000])   # 3000: large enough to run threaded
 @pytest.mark.parametrize("id_dtype", [np.int32, np.int64])
-def test_stitched_output_and_gradients_match_numpy(rows, id_dtype):
+@pytest.mark.parametrize("dims", [(4, 8, 5), (8, 8, 8)])  # the one-hot columns' gradient: mixed widths, one width
+def test_stitched_output_and_gradients_match_numpy(rows, id_dtype, dims):
     rng = np.random.default_rng(rows)
-    tables, sites, dense, kwargs, expected = make_stitch(rng, rows, SPECS, {0: 3, 4: 2}, id_dtype)
+    tables, sites, dense, kwargs, expected = make_stitch(rng, rows, SPECS, {0: 3, 4: 2}, id_dtype, dims)
     table_vars = [tf.Variable(t) for t in tables]
     dense_t = [tf.constant(x) for x in dense]
     weights = [None if s["w"] is None else tf.constant(s["w"]) for s in sites]
