@@ -8,7 +8,8 @@ of --repeats, each through a freshly built dataset, prefetch on), plus the in-me
 TabularData pipeline and the synthetic stream of the same number of batches. Building
 the dataset (packing in-memory columns, setting up the generator) is timed apart from
 the pass. Batches are consumed in Python without further work, so the figures are the
-readers' ceiling on this machine. Besides wall-clock rows/s the table gives rows per
+readers' ceiling on this machine. --autotune turns tf.data's autotuner back on for every
+reader (the readers leave it off), to compare the two. Besides wall-clock rows/s the table gives rows per
 CPU-second of this process (all its threads): on a machine shared with other work the
 wall-clock figure drops, the CPU figure much less. Prints the machine and the command.
 """
@@ -54,6 +55,7 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--autotune", action="store_true", help="tf.data's autotuner on for every reader")
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()[0]
@@ -78,6 +80,10 @@ def main(argv=None):
              lambda: stream(schema, args.batch_size, num_batches=batches)),
         ]
         sizes = {name: os.path.getsize(path) / 1e6 for name, path in paths.items()}
+        if args.autotune:
+            options = tf.data.Options()
+            options.autotune.enabled = True
+            cases = [(name, lambda make=make: make().with_options(options)) for name, make in cases]
         results = [(name, *measure(make, args.repeats)) for name, make in cases]
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {load_before:.1f} before and "

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from picasso_tf.data import (CATEGORICAL, DENSE, DataFormatError, Feature, Schema, TabularData, alibaba_schema,
                              bundled_path, criteo_schema, generate, read_criteo, read_csv, read_parquet,
-                             read_tfrecord, write_criteo, write_csv, write_parquet, write_tfrecord)
+                             read_tfrecord, stream, write_criteo, write_csv, write_parquet, write_tfrecord)
 from test_data_dataset import assert_specs
 
 CRITEO_CSV = bundled_path("criteo_sample.csv")
@@ -189,6 +189,27 @@ def test_reader_order_shuffle_and_repeat(tmp_path, fmt):
     assert sorted(again.tolist()) == list(range(1, 231)) and again.tolist() != rows.tolist()
     repeated = _collect(READERS[fmt](files, ROWS, 100, repeat=True, drop_remainder=True).take(5), ROWS)
     assert repeated.features["row"].tolist() == (list(range(1, 231)) * 3)[:500]
+
+
+@pytest.mark.parametrize("fmt", sorted(READERS) + ["memory", "stream"])
+def test_readers_leave_the_autotuner_off_and_can_have_it_back(tmp_path, fmt):
+    """tf.data's autotuner holds fit's return after its last step (pipeline.finish); the
+    readers turn it off, and a caller's with_options turns it back on, same batches."""
+    if fmt == "memory":
+        data = generate(SMALL_CRITEO, 230, seed=3)
+        schema, read = SMALL_CRITEO, lambda: data.dataset(32)
+    elif fmt == "stream":
+        schema, read = SMALL_CRITEO, lambda: stream(SMALL_CRITEO, 32, num_batches=4, seed=3)
+    else:
+        files = _write_numbered(tmp_path)[fmt]
+        schema, read = ROWS, lambda: READERS[fmt](files, ROWS, 32)
+    off = read()
+    assert off.options().autotune.enabled is False
+    on = tf.data.Options()
+    on.autotune.enabled = True
+    again = off.with_options(on)
+    assert again.options().autotune.enabled is True
+    _assert_same(_collect(off, schema), _collect(again, schema))
 
 
 # --- bad input ------------------------------------------------------------------------------

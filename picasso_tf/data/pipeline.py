@@ -35,7 +35,21 @@ def check_shard(rank, world):
         raise ValueError(f"shard (rank={rank!r}, world={world!r}) needs integers with 0 <= rank < world")
 
 
+def without_autotuner(dataset):
+    """`dataset` with tf.data's autotuner off. With it on, Keras' fit (and evaluate) can
+    return long after its last step: the iterator's teardown waits on the autotuner's
+    background thread, for up to about as long as the steps took (docs/benchmarks.md,
+    "fit's return held by tf.data's autotuner"). Off, AUTOTUNE parallelism is the
+    number of cores and prefetch buffers still grow on demand. A caller who wants it
+    back sets the option again with Dataset.with_options."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def finish(dataset, prefetch):
+    """The readers' last stage: prefetching, and the autotuner off (without_autotuner)."""
+    dataset = without_autotuner(dataset)
     return dataset.prefetch(AUTOTUNE) if prefetch else dataset
 
 

@@ -22,6 +22,8 @@ from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
+from picasso_tf.data.pipeline import without_autotuner
+
 
 class StepTimer(tf.keras.callbacks.Callback):
     """Records the wall-clock time at the end of every training batch."""
@@ -47,12 +49,14 @@ class Variant:
 def in_memory_dataset(batches):
     """A repeating, prefetched tf.data.Dataset over pre-built (features, labels)
     batches held as tensors: each element is a stored batch, nothing is sliced,
-    copied or parsed per step, so the reader never limits the step rate."""
+    copied or parsed per step, so the reader never limits the step rate. tf.data's
+    autotuner is off, as in picasso_tf's readers: with it, a fit call can end long
+    after its last step (pipeline.without_autotuner)."""
     datasets = [tf.data.Dataset.from_tensors(b) for b in batches]
     ds = datasets[0]
     for other in datasets[1:]:
         ds = ds.concatenate(other)
-    return ds.repeat().prefetch(2)
+    return without_autotuner(ds.repeat().prefetch(2))
 
 
 def step_times(model, dataset, steps):
