@@ -8,10 +8,11 @@ of --repeats, each through a freshly built dataset, prefetch on), plus the in-me
 TabularData pipeline and the synthetic stream of the same number of batches. Building
 the dataset (packing in-memory columns, setting up the generator) is timed apart from
 the pass. Batches are consumed in Python without further work, so the figures are the
-readers' ceiling on this machine. --autotune turns tf.data's autotuner back on for every
-reader (the readers leave it off), to compare the two. Besides wall-clock rows/s the table gives rows per
+readers' ceiling on this machine. Besides wall-clock rows/s the table gives rows per
 CPU-second of this process (all its threads): on a machine shared with other work the
 wall-clock figure drops, the CPU figure much less. Prints the machine and the command.
+--autotune turns tf.data's autotuner back on for every reader (the readers leave it
+off), to compare the two.
 """
 import argparse
 import os
