@@ -194,7 +194,8 @@ def test_reader_order_shuffle_and_repeat(tmp_path, fmt):
 @pytest.mark.parametrize("fmt", sorted(READERS) + ["memory", "stream"])
 def test_readers_leave_the_autotuner_off_and_can_have_it_back(tmp_path, fmt):
     """tf.data's autotuner holds fit's return after its last step (pipeline.finish); the
-    readers turn it off, and a caller's with_options turns it back on, same batches."""
+    readers turn it off (Parquet: the default pyarrow engine), and a caller's with_options
+    turns it back on, same batches."""
     if fmt == "memory":
         data = generate(SMALL_CRITEO, 230, seed=3)
         schema, read = SMALL_CRITEO, lambda: data.dataset(32)
@@ -210,6 +211,14 @@ def test_readers_leave_the_autotuner_off_and_can_have_it_back(tmp_path, fmt):
     again = off.with_options(on)
     assert again.options().autotune.enabled is True
     _assert_same(_collect(off, schema), _collect(again, schema))
+
+
+def test_the_tfio_parquet_engine_keeps_the_autotuner(tmp_path):
+    """It reads a third faster with it (pipeline.finish's autotuner=True)."""
+    files = _write_numbered(tmp_path)["parquet"]
+    dataset = read_parquet(files, ROWS, 32, engine="tfio")
+    assert dataset.options().autotune.enabled is not False
+    assert _collect(dataset, ROWS).features["row"].tolist() == list(range(1, 231))
 
 
 # --- bad input ------------------------------------------------------------------------------

@@ -47,9 +47,11 @@ def without_autotuner(dataset):
     return dataset.with_options(options)
 
 
-def finish(dataset, prefetch):
-    """The readers' last stage: prefetching, and the autotuner off (without_autotuner)."""
-    dataset = without_autotuner(dataset)
+def finish(dataset, prefetch, autotuner=False):
+    """The readers' last stage: prefetching, and the autotuner off (without_autotuner)
+    unless `autotuner` (a reader whose own stages it speeds up keeps it)."""
+    if not autotuner:
+        dataset = without_autotuner(dataset)
     return dataset.prefetch(AUTOTUNE) if prefetch else dataset
 
 
