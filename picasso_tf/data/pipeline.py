@@ -39,9 +39,9 @@ def without_autotuner(dataset):
     """`dataset` with tf.data's autotuner off. With it on, Keras' fit (and evaluate) can
     return long after its last step: the iterator's teardown waits on the autotuner's
     background thread, for up to about as long as the steps took (docs/benchmarks.md,
-    "fit's return held by tf.data's autotuner"). Off, AUTOTUNE parallelism is the
-    number of cores and prefetch buffers still grow on demand. A caller who wants it
-    back sets the option again with Dataset.with_options."""
+    "fit's return held by tf.data's autotuner"). Off, num_parallel_calls=AUTOTUNE runs
+    min(16, tf.data's threads: the cores) calls, fixed. A caller who wants it back sets
+    the option again with Dataset.with_options."""
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
