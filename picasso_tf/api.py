@@ -49,6 +49,7 @@ from picasso_tf.graph.capture import check_has_call, input_signature
 from picasso_tf.keras_steps import as_written, bound, check_no_activity_losses, check_own_steps, own_keras_steps
 from picasso_tf.graph.rebuild import conform_inputs
 from picasso_tf.runtime.dense_update import make_dense_update
+from picasso_tf.runtime.direct_calls import direct
 from picasso_tf.runtime.first_trace import traced_once
 from picasso_tf.runtime.fused_update import make_fused_update, refuse_clipping
 from picasso_tf.runtime.micro_batch_planner import plan_micro_batches
@@ -569,6 +570,23 @@ class PicassoModel(tf.keras.Model):
         fetch = self._forward[True].fetch
         with tf.control_dependencies(fetch.checks() if isinstance(fetch, InPlaceIdsCheck) else []):
             return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    # Keras' step functions, called without the dispatch each call pays in proportion to
+    # the number of features (picasso_tf.runtime.direct_calls).
+    def make_train_function(self, force=False):
+        if self.train_function is None or force:
+            self.train_function = direct(super().make_train_function(force))
+        return self.train_function
+
+    def make_test_function(self, force=False):
+        if self.test_function is None or force:
+            self.test_function = direct(super().make_test_function(force))
+        return self.test_function
+
+    def make_predict_function(self, force=False):
+        if self.predict_function is None or force:
+            self.predict_function = direct(super().make_predict_function(force))
+        return self.predict_function
 
     def train_on_batch(self, *args, return_dict=False, **kwargs):
         """As keras.Model.train_on_batch: without return_dict, the values of
