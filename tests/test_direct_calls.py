@@ -7,29 +7,17 @@ import numpy as np
 import tensorflow as tf
 
 import picasso_tf as picasso
+from test_lifecycle import BATCH, features, wide_deep
 
-FIELDS, VOCAB, BATCH, STEPS = 5, 40, 16, 4
+STEPS = 4
 
 
 def data(seed=0):
-    rng = np.random.default_rng(seed)
-    n = BATCH * STEPS
-    x = {f"c{i}": rng.integers(0, VOCAB, n) for i in range(FIELDS)}
-    x["d"] = rng.random((n, 3)).astype("float32")
-    y = (rng.random(n) < 0.5).astype("float32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    return tf.data.Dataset.from_tensor_slices(features(BATCH * STEPS, seed)).batch(BATCH)
 
 
 def model():
-    tf.keras.utils.set_random_seed(3)
-    x = {f"c{i}": tf.keras.Input((), dtype="int64", name=f"c{i}") for i in range(FIELDS)}
-    x["d"] = tf.keras.Input((3,), name="d")
-    deep = tf.keras.layers.Concatenate()([tf.keras.layers.Embedding(VOCAB, 4)(x[f"c{i}"]) for i in range(FIELDS)]
-                                         + [x["d"]])
-    deep = tf.keras.layers.Dense(1)(tf.keras.layers.Dense(8, activation="relu")(deep))
-    wide = [tf.keras.layers.Embedding(VOCAB, 1)(x[f"c{i}"]) for i in range(FIELDS)]
-    optimized = picasso.optimize(tf.keras.Model(x, tf.keras.layers.Activation("sigmoid")(
-        tf.keras.layers.Add()([deep] + wide))))
+    optimized = picasso.optimize(wide_deep())
     optimized.compile(optimizer="adagrad", loss="binary_crossentropy", metrics=["AUC"])
     return optimized
 
