@@ -41,7 +41,10 @@ class DirectCalls:
         return self.function(iterator)
 
     def __getattr__(self, name):
-        # Everything else is the tf.function's (get_concrete_function, tracing counts...).
+        # Everything else is the tf.function's (get_concrete_function, tracing counts...);
+        # Python's own protocols (copy, pickle) are not forwarded.
+        if name.startswith("__") or name == "function":
+            raise AttributeError(name)
         return getattr(self.function, name)
 
     def _bind(self, iterator):
