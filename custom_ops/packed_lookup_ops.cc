@@ -722,7 +722,7 @@ class LookupGradients {
   template <typename Done>
   void Run(OpKernelContext* ctx, const std::vector<T*>& out, const Done& done) {
     for (int t = 0; t < num_tables(); ++t) tables_[t].out = out[t];
-    // Items: whole clusters, except that a cluster costing more than an item's share
+    // Items: whole clusters, except that a cluster costing more than a thread's share
     // is split by ranges of its unique rows (each item then scans all its entries).
     // Stitched one-site unpooled clusters (the usual one-hot features) are grouped
     // instead into bands of neighbouring columns, one item each (SumBand).
@@ -781,7 +781,13 @@ class LookupGradients {
         const RowClusters::Cluster& c = tables_[t].groups.clusters[k];
         if (banded[t][k]) continue;
         const int64_t u = c.num_unique();
-        const int64_t pieces = std::clamp<int64_t>(cluster_bytes(t, k) / target, 1, NumThreads(ctx));
+        // Every piece of a split cluster scans all of its entries, testing each against
+        // its rows: a cluster is split only into as many pieces as threads' shares of the
+        // work it holds (rounded), so one of several similar clusters stays whole.
+        const int64_t threads = NumThreads(ctx);
+        const int64_t pieces = std::clamp<int64_t>(
+            (2 * cluster_bytes(t, k) * threads + total_bytes) / std::max<int64_t>(1, 2 * total_bytes), 1,
+            threads);
         for (int64_t p = 0; p < pieces && u > 0; ++p) {
           items.push_back({t, k, u * p / pieces, u * (p + 1) / pieces, cluster_bytes(t, k) / pieces});
         }

@@ -295,12 +295,19 @@ def test_gradient_when_an_output_gradient_is_indexed_slices():
     np.testing.assert_array_equal(densify(tape.gradient(loss, var)), expected)
 
 
-def large_case():
+LARGE_CASES = {
+    # Clusters of about a third of the work each: one work item per cluster.
+    "several clusters": [(20000, 80000, "none", 0, True, True), (20000, 80000, "mean", 4096, True, False),
+                         (20000, 80000, "sqrtn", 4096, False, True), (500, 20000, "sum", 1000, True, True)],
+    # One cluster holding nearly all the work: cut by rows into a work item per thread.
+    "one dominant cluster": [(20000, 160000, "sum", 8192, True, False), (500, 2000, "none", 0, False, True)],
+}
+
+
+def large_case(case="several clusters"):
     """Sites big enough for several work items per site and per thread."""
     rng = np.random.default_rng(6)
-    specs = [(20000, 80000, "none", 0, True, True), (20000, 80000, "mean", 4096, True, False),
-             (20000, 80000, "sqrtn", 4096, False, True), (500, 20000, "sum", 1000, True, True)]
-    sites, attrs, rows = make_sites(rng, specs)
+    sites, attrs, rows = make_sites(rng, LARGE_CASES[case])
     table = tf.constant(rng.normal(size=(rows, 16)).astype(np.float32))
     grads = [tf.constant(rng.normal(size=(len(s["ids"]) if c == "none" else s["num_segments"], 16))
                          .astype(np.float32)) for s, c in zip(sites, attrs["combiners"])]
@@ -311,9 +318,9 @@ def large_case():
     return sites, attrs, rows, table, grads, args
 
 
-def large_case_digest():
-    """SHA-256 of the large case's lookup outputs and table gradient."""
-    sites, attrs, rows, table, grads, args = large_case()
+def large_case_digest(case="several clusters"):
+    """SHA-256 of a large case's lookup outputs and table gradient."""
+    sites, attrs, rows, table, grads, args = large_case(case)
     digest = hashlib.sha256()
     for out in run_lookup(table, sites, attrs):
         digest.update(out.numpy().tobytes())
@@ -342,16 +349,17 @@ def test_grad_op_is_sparse_and_bit_identical_across_runs():
     assert not dense[untouched].any()
 
 
-def test_bit_identical_with_one_thread():
+@pytest.mark.parametrize("case", sorted(LARGE_CASES))
+def test_bit_identical_with_one_thread(case):
     # This process uses every core; a fresh one is limited to one intra-op thread.
     script = ("import tensorflow as tf; tf.config.threading.set_intra_op_parallelism_threads(1); "
               "from tests.test_ops_packed_lookup import large_case_digest; "
-              "print(large_case_digest())")
+              f"print(large_case_digest({case!r}))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == large_case_digest()
+    assert done.stdout.split()[-1] == large_case_digest(case)
 
 
 # ---------------------------------------------------------------------------------
