@@ -722,8 +722,9 @@ class LookupGradients {
   template <typename Done>
   void Run(OpKernelContext* ctx, const std::vector<T*>& out, const Done& done) {
     for (int t = 0; t < num_tables(); ++t) tables_[t].out = out[t];
-    // Items: whole clusters, except that a cluster costing more than a thread's share
-    // is split by ranges of its unique rows (each item then scans all its entries).
+    // Items: whole clusters, except that a cluster holding at least one and a half
+    // threads' shares of the work is split by ranges of its unique rows, into as many
+    // pieces as the shares it holds (rounded; each piece then scans all its entries).
     // Stitched one-site unpooled clusters (the usual one-hot features) are grouped
     // instead into bands of neighbouring columns, one item each (SumBand).
     auto cluster_bytes = [&](int t, int k) {
@@ -781,9 +782,8 @@ class LookupGradients {
         const RowClusters::Cluster& c = tables_[t].groups.clusters[k];
         if (banded[t][k]) continue;
         const int64_t u = c.num_unique();
-        // Every piece of a split cluster scans all of its entries, testing each against
-        // its rows: a cluster is split only into as many pieces as threads' shares of the
-        // work it holds (rounded), so one of several similar clusters stays whole.
+        // Scanning all of a cluster's entries, testing each against its rows, costs each
+        // piece about what the whole cluster costs: one of several similar clusters stays whole.
         const int64_t threads = NumThreads(ctx);
         const int64_t pieces = std::clamp<int64_t>(
             (2 * cluster_bytes(t, k) * threads + total_bytes) / std::max<int64_t>(1, 2 * total_bytes), 1,
