@@ -60,6 +60,16 @@ class Config:
       as they are only where warm-up data shows at least 40% of their positions filled
       (below, every position costs more than the conversion); the report's
       sparse_ids_kept_sparse says why the others kept their form.
+    same_ids_stacking: where tables always looked up with the same ids are concatenated
+      one per part, the same way in each part (MLR's region and learner parts keep a
+      width-1 table per feature each), look each feature's tables up once, as the columns
+      of one table copied side by side in each forward pass, and regroup the rows into
+      the parts' concatenations (exact: each table's rows and row-sparse gradient are its
+      own). It stands down where copying the tables would cost more than the lookups it
+      saves (from the tables' sizes and the ids a batch reads: give warmup_data for the
+      batch size), where the rows are used one by one (ONN's field-aware products), with
+      stitching off, under micro_batches other than 1, hybrid_hash, dynamic_vocabulary
+      and on several ranks; the report's stacked / stacks_apart say which tables and why.
     interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
       features with themselves, transposed, gathered at constant positions) by one
       kernel computing only the gathered dot products, and its gradient without the
@@ -259,6 +269,7 @@ class Config:
     projection: bool = True
     projection_max_distinct: float = 0.75
     sequence_pooling: bool = True
+    same_ids_stacking: bool = True
     interactions: bool = True
     dense_packing: bool = True
     merge_common_subexpressions: bool = True

@@ -39,6 +39,20 @@ def deepfm_with_sequence():
     return deepctr_models.DeepFM(features, features, dnn_hidden_units=(16, 8), seed=1)
 
 
+def mlr():
+    """MLR: four region and four learner linear parts, each with a width-1 table per feature,
+    all read with that feature's ids, and each concatenating its features' rows."""
+    features = [SparseFeat(f"c{i}", 40 + i, embedding_dim=4) for i in range(4)] + [DenseFeat("d0", 1)]
+    return deepctr_models.MLR(features, seed=1)
+
+
+def onn():
+    """ONN: every feature has a copy of its table per other field, read with its ids and
+    multiplied with the other field's copy of that feature."""
+    features = [SparseFeat(f"c{i}", 40 + i, embedding_dim=4) for i in range(4)] + [DenseFeat("d0", 1)]
+    return deepctr_models.ONN(features, features, dnn_hidden_units=(16, 8), seed=1)
+
+
 def data(model, steps=STEPS):
     rng = np.random.default_rng(0)
     n = BATCH * steps
@@ -55,7 +69,8 @@ def data(model, steps=STEPS):
     return features, (rng.random(n) < 0.3).astype("float32")
 
 
-@pytest.mark.parametrize("builder", [deepfm, din, deepfm_with_sequence], ids=["deepfm", "din", "deepfm_sequence"])
+@pytest.mark.parametrize("builder", [deepfm, din, deepfm_with_sequence, mlr, onn],
+                         ids=["deepfm", "din", "deepfm_sequence", "mlr", "onn"])
 def test_deepctr_model_is_recognised_and_trains_exactly(builder):
     baseline = builder()
     original = builder()
@@ -66,6 +81,11 @@ def test_deepctr_model_is_recognised_and_trains_exactly(builder):
     [k_packing] = [p for p in optimized.picasso.reports["training"]["passes"] if p["pass"] == "k_packing"]
     # The sequence's deep lookup (dim 8) pools; its linear one (dim 1) does not pay.
     assert k_packing["sequences_pooled"] == (["genres"] if builder is deepfm_with_sequence else [])
+    # Per feature, MLR's eight tables are looked up as one; ONN's three (one per other field)
+    # stay apart, their rows used one by one, and the report says why.
+    assert [len(s["tables"]) for s in k_packing["stacked"]] == ([8] * 4 if builder is mlr else []), k_packing
+    apart = [len(s["tables"]) for s in k_packing["stacks_apart"] if "not concatenated" in s["reason"]]
+    assert apart == ([3] * 4 if builder is onn else []), k_packing
     features, labels = data(baseline)
     losses = {}
     for name, model in (("baseline", baseline), ("picasso", optimized)):

@@ -21,6 +21,7 @@ import tensorflow as tf
 from picasso_tf.distributed.world import current_world
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
+from picasso_tf.passes.same_ids_stacking import find_stacked_stitches, same_ids_sets, why_not_stack
 from picasso_tf.passes.sequence_pooling import pool_sequences
 from picasso_tf.passes.sparse_one_hot import read_one_hot_ids
 from picasso_tf.passes.stitching import find_stitches
@@ -85,9 +86,17 @@ def k_packing(program, graph, config):
         if members:
             members_of[group.name] = members
 
+    why_not = why_not_stack(config, current_world().distributed)
     with scratch.as_default():
         stitches = find_stitches(scratch, sites, lambda stitch: _projection_choice(
             stitch, program.statistics, config)[0]) if config.stitching else []
+        sets = same_ids_sets(sites, analysis.tables) if config.same_ids_stacking else []
+        stacked, stacks_apart = [], [{"tables": [program.table_of(v)[1].name for v, _ in pairs], "reason": why_not}
+                                     for pairs in sets]
+        if not why_not:
+            stacked, stacks_apart = find_stacked_stitches(stitches, sets, program.table_of,
+                                                          program.statistics.accesses, program.statistics.batch_size)
+        regrouped = {id(stitch) for family in stacked for stitch in family.stitches}
         in_stitch = {id(site) for stitch in stitches for site in stitch.sites}
         values, member_of, fused = {}, {}, []
         for group in program.tables:
@@ -98,9 +107,11 @@ def k_packing(program, graph, config):
                                                     feature_names, edits)
                 member_of.update({id(site): (group, member) for member, site in members})
                 fused.append({"group": group.name, "sites": len(members), "tables": len(group.members)})
+        for family in stacked:
+            _rewrite_stacked_stitches(scratch, family, values, feature_names, edits)
         stitched = [_rewrite_stitch(scratch, stitch, values, member_of, feature_names, edits,
                                     *_projection_choice(stitch, program.statistics, config))
-                    for stitch in stitches]
+                    for stitch in stitches if id(stitch) not in regrouped]
         graph_def = scratch.as_graph_def()
 
     rewritten = captured.rewritten(graph_def, edits.replacements, edits.removed, edits.captures)
@@ -114,7 +125,10 @@ def k_packing(program, graph, config):
                      "sparse_ids_kept_sparse": {feature_names[output]: why for output, why in kept_sparse.items()},
                      "sequences_not_pooled": {feature_names[s.output]: (
                          f"rows of width {s.dim}: the model's own product and sum are faster there")
-                         for s in unpaid}}
+                         for s in unpaid},
+                     "stacked": [{"feature": feature_names[s.sites[0].output], "tables": [m.name for m in s.members],
+                                  "width": s.width} for family in stacked for s in family.stacks],
+                     "stacks_apart": stacks_apart}
 
 
 @dataclasses.dataclass
@@ -151,6 +165,38 @@ def _rewrite_group(graph, group, analysis, own, feature_names, edits):
             edits.replacements[read] = canonical(values[member.variable.ref()].name)
             edits.removed.add(split_tensor_name(read)[0])
     return values
+
+
+def _rewrite_stacked_stitches(graph, family, values, feature_names, edits):
+    """Replaces the concatenations of a StackedStitches by one stitched lookup of its
+    stacks (each its tables side by side), whose [rows, stack, row block, table, dim]
+    layout is regrouped into [rows, table, stack, row block, dim] and split into the
+    concatenations (same_ids_stacking.py)."""
+    from picasso_tf.ops import stitched_lookup as stitch_ops   # loads the op library on first use
+    from picasso_tf.ops.stacked_tables import stack_columns
+    stacks, first = family.stacks, family.stitches[0].parts[0]
+    tables, dim = len(family.stitches), first.site.dim
+    blocks = first.inner // dim
+    width = tables * dim
+    heads = [(stack.members[0], stack.sites[0]) for stack in stacks]
+    with tf.name_scope("picasso/stacked/"):
+        stacked = [stack_columns([values[stack.group][m.variable.ref()] for m in stack.members]) for stack in stacks]
+        out = stitch_ops.stitched_lookup(
+            stacked, table_index=list(range(len(stacks))), columns=[n * blocks * width for n in range(len(stacks))],
+            row_blocks=[blocks] * len(stacks), width=len(stacks) * blocks * width,
+            **_site_args(graph, heads, first.site.dtype, feature_names))
+        regrouped = tf.reshape(tf.transpose(tf.reshape(out, [-1, len(stacks), blocks, tables, dim]), [0, 3, 1, 2, 4]),
+                               [-1, tables * len(stacks) * blocks * dim])
+        for stitch, part in zip(family.stitches, tf.split(regrouped, tables, axis=1)):
+            for concat in stitch.outputs:
+                shaped = part if concat.shape == [-1, stitch.width] else tf.reshape(part, concat.shape)
+                edits.replacements[concat.tensor] = canonical(shaped.name)
+            edits.removed.update(concat.node for concat in stitch.outputs)
+            for p in stitch.parts:
+                edits.removed.update(p.chain + p.site.chain)
+    edits.records.append(LookupRecord(out.op.name, "stitched", sorted({stack.group for stack in stacks}),
+                                      [feature_names[stack.sites[0].output] for stack in stacks],
+                                      [concat.node for stitch in family.stitches for concat in stitch.outputs]))
 
 
 def _projection_choice(stitch, statistics, config):

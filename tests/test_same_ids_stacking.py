@@ -1,0 +1,133 @@
+"""Same-ids stacking (picasso_tf/passes/same_ids_stacking.py): tables always read with
+the same ids and concatenated one per part, the way MLR's parts read theirs, are looked
+up once as one wider table per feature; training, tapes and the report stay as without
+it. (DeepCTR's own MLR and ONN: tests/test_public_models.py.)"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import picasso_tf as picasso
+from exactness import assert_train_alike
+from picasso_tf.ops.stacked_tables import _stack_columns_gradient, stack_columns
+
+FEATURES, PARTS, VOCAB, BATCH, STEPS = 3, 4, 50, 32, 6
+
+
+def mixture(dim=2, shared=False):
+    """PARTS linear parts (MLR's regions and learners), each with a table per feature of
+    FEATURES, read with that feature's ids and concatenated; a dim-8 table of feature g
+    besides, so that D-packing shards the parts' group. shared: part 0's table of f0 is
+    also read with g's ids."""
+    tf.keras.utils.set_random_seed(3)
+    x = {name: tf.keras.Input((1,), dtype="int64", name=name) for name in [f"f{i}" for i in range(FEATURES)] + ["g"]}
+    sums = []
+    for p in range(PARTS):
+        tables = [tf.keras.layers.Embedding(VOCAB, dim, name=f"part{p}_f{i}") for i in range(FEATURES)]
+        rows = [t(x[f"f{i}"]) for i, t in enumerate(tables)]
+        if shared and p == 0:
+            rows.append(tables[0](x["g"]))
+        joined = tf.keras.layers.Concatenate()(rows)
+        sums.append(tf.keras.layers.Lambda(lambda t: tf.reduce_sum(t, axis=[1, 2]))(joined))
+    parts = tf.keras.layers.Lambda(lambda ts: tf.stack(ts, axis=1))(sums)
+    other = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(VOCAB, 8, name="g_table")(x["g"]))
+    joined = tf.keras.layers.Concatenate()([parts, other])
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(joined))
+
+
+def data(steps=STEPS, seed=0):
+    rng = np.random.default_rng(seed)
+    n = BATCH * steps
+    features = {name: rng.integers(0, VOCAB, (n, 1)) for name in [f"f{i}" for i in range(FEATURES)] + ["g"]}
+    return features, (rng.random((n, 1)) < 0.4).astype("float32")
+
+
+def k_packing(model):
+    return next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing")
+
+
+def plan(model):
+    return next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "d_packing")["plan"]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_tables_read_with_the_same_ids_are_looked_up_as_one_and_train_exactly(optimizer):
+    baseline, optimized = mixture(), picasso.optimize(mixture())
+    optimized.set_weights(baseline.get_weights())
+    features, labels = data()
+    optimized(features)
+    stacked = k_packing(optimized)["stacked"]
+    assert [(s["feature"], len(s["tables"]), s["width"]) for s in stacked] == [(f"f{i}", PARTS, 2 * PARTS)
+                                                                            for i in range(FEATURES)]
+    # D-packing cut the parts' group into shards, each feature's tables in one of them.
+    for s in stacked:
+        assert sum(set(s["tables"]) <= set(g["tables"]) for g in plan(optimized)) == 1, plan(optimized)
+    assert len([g for g in plan(optimized) if g["dim"] == 2]) > 1, plan(optimized)
+    assert_train_alike(baseline, optimized, features, labels, optimizer, BATCH, STEPS, weights_rtol=1e-5)
+
+
+def test_a_gradient_tape_gets_each_table_s_row_sparse_gradient():
+    baseline, optimized = mixture(), picasso.optimize(mixture())
+    optimized.set_weights(baseline.get_weights())
+    features, labels = data(steps=1)
+    grads = {}
+    for name, model in (("baseline", baseline), ("picasso", optimized)):
+        with tf.GradientTape() as tape:
+            loss = tf.keras.losses.binary_crossentropy(labels, model(features, training=True))
+        grads[name] = list(zip((v.name for v in model.trainable_variables),
+                               tape.gradient(loss, model.trainable_variables)))
+    assert k_packing(optimized)["stacked"]
+    assert len(grads["picasso"]) == len(grads["baseline"])
+    for (name, expected), (_, got) in zip(grads["baseline"], grads["picasso"]):
+        assert type(got) is type(expected), name
+        # (The plain model's IndexedSlices hold a row per id; summed here in another order.)
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(expected).numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("build, options, reason", [
+    (lambda: mixture(shared=True), {}, "not concatenated one table per concatenation"),
+    (mixture, {"micro_batches": 2}, "micro_batches"),
+], ids=["a table read twice", "micro-batches"])
+def test_stacking_stands_down_and_says_why(build, options, reason):
+    baseline, optimized = build(), picasso.optimize(build(), **options)
+    optimized.set_weights(baseline.get_weights())
+    features, labels = data()
+    optimized(features)
+    report = k_packing(optimized)
+    apart = [s for s in report["stacks_apart"] if reason in s["reason"]]
+    assert apart and not [s for s in report["stacked"] if s["feature"] == "f0"], report
+    assert_train_alike(baseline, optimized, features, labels, "adagrad", BATCH, STEPS, weights_rtol=1e-5)
+
+
+def test_an_id_outside_a_stacked_table_names_its_feature():
+    optimized = picasso.optimize(mixture())
+    features, _ = data(steps=1)
+    optimized(features)
+    assert k_packing(optimized)["stacked"]
+    features["f1"][3, 0] = VOCAB + 7
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"f1.*{VOCAB + 7}"):
+        optimized(features)
+
+
+def test_stack_columns_puts_rows_side_by_side_and_gives_each_table_its_columns_of_the_gradient():
+    tables = [np.arange(rows * width, dtype="float32").reshape(rows, width) + 100 * i
+              for i, (rows, width) in enumerate([(5, 1), (5, 1), (5, 3)])]
+    np.testing.assert_array_equal(stack_columns(tables).numpy(), np.concatenate(tables, axis=1))
+    upstream = np.arange(25, dtype="float32").reshape(5, 5)
+    with tf.GradientTape() as tape:
+        inputs = [tf.constant(t) for t in tables]
+        tape.watch(inputs)
+        stacked = stack_columns(inputs)
+    dense = tape.gradient(stacked, inputs, output_gradients=tf.constant(upstream))
+    np.testing.assert_array_equal(np.concatenate([g.numpy() for g in dense], axis=1), upstream)
+    # A lookup's row-sparse gradient stays row-sparse: each table gets the same rows.
+    graph = tf.Graph()
+    with graph.as_default():
+        out = stack_columns([tf.constant(t) for t in tables])
+        sparse = tf.IndexedSlices(tf.constant(upstream[:2]), tf.constant([4, 1], tf.int64))
+        split = _stack_columns_gradient(out.op, sparse)
+        assert all(isinstance(g, tf.IndexedSlices) for g in split)
+        with tf.compat.v1.Session() as session:
+            values, indices = session.run(([g.values for g in split], [g.indices for g in split]))
+    np.testing.assert_array_equal(np.concatenate(values, axis=1), upstream[:2])
+    assert all(list(i) == [4, 1] for i in indices)
