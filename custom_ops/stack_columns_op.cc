@@ -32,6 +32,9 @@ class StackColumnsOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int n = num_inputs();
+    OP_REQUIRES(ctx, ctx->input(0).dims() == 2,
+                errors::InvalidArgument("PicassoStackColumns: table 0 has shape ",
+                                        ctx->input(0).shape().DebugString(), "; tables have 2 dimensions"));
     const int64_t rows = ctx->input(0).dim_size(0);
     std::vector<const T*> tables(n);
     std::vector<int64_t> widths(n);
@@ -77,7 +80,7 @@ REGISTER_OP("PicassoStackColumns")
     .Input("tables: N * T")
     .Output("stacked: T")
     .Attr("N: int >= 1")
-    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("T: {float, double}")   // the stitched lookup's dtypes
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle first;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &first));
@@ -97,8 +100,6 @@ The N tables' rows side by side: row r of the output is row r of each table in t
 
 #define REGISTER(T) \
   REGISTER_KERNEL_BUILDER(Name("PicassoStackColumns").Device(DEVICE_CPU).TypeConstraint<T>("T"), StackColumnsOp<T>)
-REGISTER(Eigen::half);
-REGISTER(bfloat16);
 REGISTER(float);
 REGISTER(double);
 #undef REGISTER

@@ -13,31 +13,36 @@ from picasso_tf.ops.stacked_tables import _stack_columns_gradient, stack_columns
 FEATURES, PARTS, VOCAB, BATCH, STEPS = 3, 4, 50, 32, 6
 
 
-def mixture(dim=2, shared=False):
+def mixture(dim=2, shared=False, ids=1, axis=-1, part0_axis=None):
     """PARTS linear parts (MLR's regions and learners), each with a table per feature of
-    FEATURES, read with that feature's ids and concatenated; a dim-8 table of feature g
-    besides, so that D-packing shards the parts' group. shared: part 0's table of f0 is
-    also read with g's ids."""
+    FEATURES, read with that feature's `ids` ids per example and concatenated along `axis`
+    (part 0 along `part0_axis` if given), each part's columns weighed apart so that a
+    column out of place changes the loss; a dim-8 table of feature g besides, so that
+    D-packing shards the parts' group. shared: part 0's table of f0 is also read with g's
+    ids."""
     tf.keras.utils.set_random_seed(3)
-    x = {name: tf.keras.Input((1,), dtype="int64", name=name) for name in [f"f{i}" for i in range(FEATURES)] + ["g"]}
+    x = {name: tf.keras.Input((ids,), dtype="int64", name=name) for name in [f"f{i}" for i in range(FEATURES)]}
+    x["g"] = tf.keras.Input((1,), dtype="int64", name="g")
     sums = []
     for p in range(PARTS):
         tables = [tf.keras.layers.Embedding(VOCAB, dim, name=f"part{p}_f{i}") for i in range(FEATURES)]
         rows = [t(x[f"f{i}"]) for i, t in enumerate(tables)]
         if shared and p == 0:
-            rows.append(tables[0](x["g"]))
-        joined = tf.keras.layers.Concatenate()(rows)
-        sums.append(tf.keras.layers.Lambda(lambda t: tf.reduce_sum(t, axis=[1, 2]))(joined))
+            rows.append(tables[0](tf.keras.layers.Lambda(lambda g: tf.tile(g, [1, ids]))(x["g"])))
+        joined = tf.keras.layers.Concatenate(axis=part0_axis if p == 0 and part0_axis is not None else axis)(rows)
+        weights = np.linspace(0.5, 1.5 + p, int(np.prod(joined.shape[1:]))).reshape(joined.shape[1:]).astype("float32")
+        sums.append(tf.keras.layers.Lambda(lambda t, w=weights: tf.reduce_sum(t * w, axis=[1, 2]))(joined))
     parts = tf.keras.layers.Lambda(lambda ts: tf.stack(ts, axis=1))(sums)
     other = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(VOCAB, 8, name="g_table")(x["g"]))
     joined = tf.keras.layers.Concatenate()([parts, other])
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(joined))
 
 
-def data(steps=STEPS, seed=0):
+def data(steps=STEPS, seed=0, ids=1):
     rng = np.random.default_rng(seed)
     n = BATCH * steps
-    features = {name: rng.integers(0, VOCAB, (n, 1)) for name in [f"f{i}" for i in range(FEATURES)] + ["g"]}
+    features = {f"f{i}": rng.integers(0, VOCAB, (n, ids)) for i in range(FEATURES)}
+    features["g"] = rng.integers(0, VOCAB, (n, 1))
     return features, (rng.random((n, 1)) < 0.4).astype("float32")
 
 
@@ -49,11 +54,15 @@ def plan(model):
     return next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "d_packing")["plan"]
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
-def test_tables_read_with_the_same_ids_are_looked_up_as_one_and_train_exactly(optimizer):
-    baseline, optimized = mixture(), picasso.optimize(mixture())
+@pytest.mark.parametrize("optimizer, ids, axis", [
+    ("sgd", 1, -1), ("adagrad", 1, -1), ("adam", 1, -1),
+    ("adagrad", 2, 1),      # two rows of each table per example, side by side
+    ("adagrad", 2, -1),     # two rows per example, each row of the concatenation one id's
+], ids=["sgd", "adagrad", "adam", "rows side by side", "a row per id"])
+def test_tables_read_with_the_same_ids_are_looked_up_as_one_and_train_exactly(optimizer, ids, axis):
+    baseline, optimized = mixture(ids=ids, axis=axis), picasso.optimize(mixture(ids=ids, axis=axis))
     optimized.set_weights(baseline.get_weights())
-    features, labels = data()
+    features, labels = data(ids=ids)
     optimized(features)
     stacked = k_packing(optimized)["stacked"]
     assert [(s["feature"], len(s["tables"]), s["width"]) for s in stacked] == [(f"f{i}", PARTS, 2 * PARTS)
@@ -84,14 +93,15 @@ def test_a_gradient_tape_gets_each_table_s_row_sparse_gradient():
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("build, options, reason", [
-    (lambda: mixture(shared=True), {}, "not concatenated one table per concatenation"),
-    (mixture, {"micro_batches": 2}, "micro_batches"),
-], ids=["a table read twice", "micro-batches"])
-def test_stacking_stands_down_and_says_why(build, options, reason):
-    baseline, optimized = build(), picasso.optimize(build(), **options)
+@pytest.mark.parametrize("layout, options, reason", [
+    ({"shared": True}, {}, "not concatenated one table per concatenation"),
+    ({"ids": 2, "axis": -1, "part0_axis": 1}, {}, "not concatenated one table per concatenation"),
+    ({}, {"micro_batches": 2}, "micro_batches"),
+], ids=["a table read twice", "parts laid out differently", "micro-batches"])
+def test_stacking_stands_down_and_says_why(layout, options, reason):
+    baseline, optimized = mixture(**layout), picasso.optimize(mixture(**layout), **options)
     optimized.set_weights(baseline.get_weights())
-    features, labels = data()
+    features, labels = data(ids=layout.get("ids", 1))
     optimized(features)
     report = k_packing(optimized)
     apart = [s for s in report["stacks_apart"] if reason in s["reason"]]

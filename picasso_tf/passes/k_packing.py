@@ -3,7 +3,10 @@ fused lookup kernel reading the group's storage. Sites whose outputs the model
 only concatenates are looked up straight into the concatenation instead, by one
 stitched kernel per concatenation reading every packed table involved (stitching.py);
 where the concatenation only feeds a MatMul, a kernel computes the product from the
-tables' rows without building the concatenation (a stitched projection).
+tables' rows without building the concatenation (a stitched projection). Tables read
+with the same ids and concatenated one per part are looked up once, side by side
+(same_ids_stacking.py), by one stitched kernel whose columns are regrouped into the
+parts' concatenations.
 
 The new ops are built with TensorFlow's Python API in a scratch graph holding the
 original GraphDef, so that attributes and shapes come from the op definitions; the

@@ -29,7 +29,7 @@ import collections
 import dataclasses
 from typing import List
 
-MIN_TABLES = 3          # a pair of tables per id did not pay when measured (benchmarks.md)
+MIN_TABLES = 3          # a pair per id did not pay (benchmarks.md, "MLR: eight lookups of the same ids, sized")
 # Stacked only below this many bytes of tables copied per id lookup saved: DeepCTR's MLR
 # broke even near 22 (benchmarks.md, "Same-ids stacking").
 COPY_BYTES_PER_SAVED_ID = 16.0
@@ -96,12 +96,13 @@ def find_stacked_stitches(stitches, sets, table_of, accesses, batch_size):
     families = collections.defaultdict(list)
     for stitch in stitches:
         order = tuple(set_of.get(id(part.site)) for part in stitch.parts)
-        if stitch.projection is None and None not in order and len(set(order)) == len(order) and len(
-                {(part.inner, part.site.dim) for part in stitch.parts}) == 1:
-            families[order].append(stitch)
+        # One layout for the whole family: every part the same columns (its rows of one dim).
+        inner = {part.inner for part in stitch.parts}
+        if stitch.projection is None and None not in order and len(set(order)) == len(order) and len(inner) == 1:
+            families[order, inner.pop()].append(stitch)
     found, stacked, apart = [], set(), []
     batch = batch_size or ASSUMED_BATCH
-    for order, family in families.items():
+    for (order, _), family in families.items():
         if any(len(sets[n]) != len(family) for n in order):
             continue    # a table of a set is read elsewhere than these concatenations
         stacks = []
