@@ -106,8 +106,8 @@ def find_stacked_stitches(stitches, sets, table_of, accesses, batch_size):
         if any(len(sets[n]) != len(family) for n in order):
             continue    # a table of a set is read elsewhere than these concatenations
         stacks = []
+        site_at = {id(part.site): i for i, stitch in enumerate(family) for part in stitch.parts}
         for n in order:
-            site_at = {id(part.site): i for i, stitch in enumerate(family) for part in stitch.parts}
             pairs = sorted(sets[n], key=lambda pair: site_at[id(pair[1])])
             placed = [table_of(variable) for variable, _ in pairs]
             stacks.append((placed, [site for _, site in pairs]))
