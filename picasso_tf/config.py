@@ -68,8 +68,9 @@ class Config:
       own). It stands down where copying the tables would cost more than the lookups it
       saves (from the tables' sizes and the ids a batch reads: give warmup_data for the
       batch size), where the rows are used one by one (ONN's field-aware products), with
-      stitching off, under micro_batches other than 1, hybrid_hash, dynamic_vocabulary
-      and on several ranks; the report's stacked / stacks_apart say which tables and why.
+      stitching off, under micro_batches other than 1, hybrid_hash, dynamic_vocabulary,
+      on several ranks and in the inference graph (a prediction's batch may be small); the
+      report's stacked / stacks_apart say which tables and why.
     interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
       features with themselves, transposed, gathered at constant positions) by one
       kernel computing only the gathered dot products, and its gradient without the

@@ -46,8 +46,8 @@ def data(steps=STEPS, seed=0, ids=1):
     return features, (rng.random((n, 1)) < 0.4).astype("float32")
 
 
-def k_packing(model):
-    return next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing")
+def k_packing(model, graph="training"):
+    return next(p for p in model.picasso.reports[graph]["passes"] if p["pass"] == "k_packing")
 
 
 def plan(model):
@@ -71,6 +71,9 @@ def test_tables_read_with_the_same_ids_are_looked_up_as_one_and_train_exactly(op
     for s in stacked:
         assert sum(set(s["tables"]) <= set(g["tables"]) for g in plan(optimized)) == 1, plan(optimized)
     assert len([g for g in plan(optimized) if g["dim"] == 2]) > 1, plan(optimized)
+    # Predictions, of any batch size, look the tables up one by one.
+    inference = k_packing(optimized, "inference")
+    assert not inference["stacked"] and all("inference" in s["reason"] for s in inference["stacks_apart"])
     assert_train_alike(baseline, optimized, features, labels, optimizer, BATCH, STEPS, weights_rtol=1e-5)
 
 

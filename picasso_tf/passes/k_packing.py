@@ -89,7 +89,7 @@ def k_packing(program, graph, config):
         if members:
             members_of[group.name] = members
 
-    why_not = why_not_stack(config, current_world().distributed)
+    why_not = why_not_stack(config, current_world().distributed, training=graph == "training")
     with scratch.as_default():
         stitches = find_stitches(scratch, sites, lambda stitch: _projection_choice(
             stitch, program.statistics, config)[0]) if config.stitching else []

@@ -23,7 +23,8 @@ their gradients, costs more than the lookups saved (measured: benchmarks.md,
 A same-ids set is at least MIN_TABLES tables with the same rows, each read by exactly
 one site, whose sites read the same ids the same way. It is stacked only where it pays:
 the copy of the tables, once per forward pass, against the lookups of the ids it saves
-(COPY_BYTES_PER_SAVED_ID, measured).
+(COPY_BYTES_PER_SAVED_ID, measured), and only in the training graph: a prediction's batch
+may be far smaller than the training batch the rule weighs.
 """
 import collections
 import dataclasses
@@ -48,9 +49,13 @@ class Stack:
         return sum(site.dim for site in self.sites)
 
 
-def why_not_stack(config, distributed):
+def why_not_stack(config, distributed, training=True):
     """Why tables read with the same ids are not stacked under `config` (same_ids_stacking
-    on), or None."""
+    on) in the training graph (`training`) or the inference graph, or None."""
+    if not training:
+        # The cost rule weighs the copy against a training batch's lookups and their gradients;
+        # a prediction's batch may be far smaller, and has no gradient to save.
+        return "inference: the copy is weighed against a training step's lookups and gradients only"
     if config.hybrid_hash or config.dynamic_vocabulary:
         return "hybrid_hash and dynamic_vocabulary fetch a group's rows from their own storage"
     if not config.stitching:
