@@ -710,7 +710,9 @@ class InPlaceUpdates {
                                            slot.shape().DebugString(), ", the table ",
                                            vars_[t].shape().DebugString());
           }
+          slot_data_.push_back(vars_[num_tables + t * num_slots + k].flat<T>().data());
         }
+        widths_.push_back(vars_[t].dims() == 2 ? vars_[t].dim_size(1) : 0);
       }
       return OkStatus();
     }
@@ -746,6 +748,15 @@ class InPlaceUpdates {
           }
         });
       });
+    }
+
+    // Asks for row `row` of table t's slots, which apply will read.
+    void PrefetchSlots(int t, int64_t row) const {
+      const int num_slots = updates_->num_slots_;
+      const int64_t d = widths_[t];
+      for (int k = 0; k < num_slots; ++k) {
+        ::picasso::PrefetchBytes(slot_data_[t * num_slots + k] + row * d, d * sizeof(T));
+      }
     }
 
     // Calls fn(apply, cost) with this call's update, where apply(t, begin, end, grad,
@@ -789,6 +800,8 @@ class InPlaceUpdates {
     const InPlaceUpdates* updates_ = nullptr;
     LockedVariables locked_;
     std::vector<Tensor> vars_;  // the tables, then table-major slots
+    std::vector<const T*> slot_data_;  // the slots' data, table-major
+    std::vector<int64_t> widths_;      // each table's row width (PrefetchSlots)
   };
 
  private:

@@ -94,6 +94,19 @@ bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table,
   const int64_t ahead = ProjectionPrefetchDistance(row_bytes);
   const int64_t begin = r0 * k.blocks, end = r1 * k.blocks;
   T sums[kMaxProjectionUnits];
+  if (!s.pooled && k.blocks == 1) {
+    // One id per output row (one-hot): no division per id to find its row and weights.
+    const T* w = k.weights(0, 0, d);
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
+      const Tid id = s.ids[j];
+      if (!s.Valid(id)) return false;
+      const T* row = base + static_cast<int64_t>(id) * d;
+      T* out = y + j * k.units;
+      for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, w + p * k.width, d);
+    }
+    return true;
+  }
   if (!s.pooled) {
     for (int64_t j = begin; j < end; ++j) {
       if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
@@ -352,16 +365,20 @@ void SumUpstream(const Site<T, Tid>& s, int64_t blocks, int64_t slot, const T* s
 }
 
 // A narrow kernel (at most kMaxProjectionUnits units, kept transposed in kt/dkt):
-// per unique row and unit, one axpy into its gradient and one into the kernel's.
-template <int64_t kD, typename T>
+// per unique row and unit, one axpy into its gradient and one into the kernel's; for
+// unique rows [u0, u1). Rows are prefetched ahead (past u1 too: the next block's), and
+// prefetch_slots(row) asks for what an optimizer will read of them besides.
+template <int64_t kD, typename T, typename PrefetchFn>
 void NarrowRowGrads(const KernelSlice<T>& slice, int64_t slot, const T* sums,
-                    const std::vector<int64_t>& rows, const T* table, int64_t d, T* out, T* dkt) {
+                    const std::vector<int64_t>& rows, const T* table, int64_t d, T* out, T* dkt,
+                    int64_t u0, int64_t u1, const PrefetchFn& prefetch_slots) {
   const int64_t units = slice.units, num_unique = static_cast<int64_t>(rows.size());
   const int64_t ahead = PrefetchDistance(d * sizeof(T));
-  for (int64_t u = 0; u < num_unique; ++u) {
+  for (int64_t u = u0; u < u1; ++u) {
     if (u + ahead < num_unique) {
       PrefetchBytes(table + rows[u + ahead] * d, d * sizeof(T));
       PrefetchBytes(out + (u + ahead) * d, d * sizeof(T));
+      prefetch_slots(rows[u + ahead]);
     }
     const T* sum = sums + u * units;
     const T* row = table + rows[u] * d;
@@ -372,6 +389,12 @@ void NarrowRowGrads(const KernelSlice<T>& slice, int64_t slot, const T* sums,
     }
   }
 }
+
+// A cluster read by one site in one row block has each unique row's gradient final as
+// soon as NarrowRowGrads is past it, so it is handed on in blocks of this many rows:
+// an optimizer then updates them while their rows (and the slots' rows, prefetched
+// beside them) are in cache, instead of missing on them again in a second pass.
+constexpr int64_t kFinalRowsBlock = 256;
 
 // A wide kernel, fused: the entries of a site (and slot) ordered by unique row, then
 // per block of kGradRows unique rows their sums s_u added up in registers (into a
@@ -559,18 +582,34 @@ void WideSiteGrads(const EntriesByRow<T>& entries, const T* values, int64_t d, c
 }
 
 // `out` receives the cluster's [unique rows, d] gradient; dk is the kernel's gradient
-// (transposed for a narrow kernel, as kt).
-template <int64_t kD, typename T, typename Tid>
+// (transposed for a narrow kernel, as kt). final(u0, n) is called as rows [u0, u0 + n)
+// of out become final, in order, covering every row; prefetch_slots as in
+// NarrowRowGrads.
+template <int64_t kD, typename T, typename Tid, typename FinalFn, typename PrefetchFn>
 void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
                         const std::vector<KernelSlice<T>>& slices,
                         const std::vector<const T*>& scales, const RowClusters::Cluster& c,
-                        const T* table, int64_t d, const T* dy, const T* kernel, T* out, T* dk) {
+                        const T* table, int64_t d, const T* dy, const T* kernel, T* out, T* dk,
+                        const FinalFn& final, const PrefetchFn& prefetch_slots) {
   const int64_t num_unique = c.num_unique();
   const int64_t units = slices.empty() ? 0 : slices[0].units;
   const bool wide = units > kMaxProjectionUnits;
-  std::fill(out, out + num_unique * d, T(0));
   thread_local std::vector<T> sums, values, wt;
   thread_local EntriesByRow<T> entries;
+  if (!wide && c.sites.size() == 1 && slices[c.sites[0]].blocks == 1) {
+    const int k = c.sites[0];
+    sums.assign(num_unique * units, T(0));
+    SumUpstream(sites[k], 1, 0, scales[k], c.inverse.get(), dy, units, sums.data());
+    for (int64_t u0 = 0; u0 < num_unique; u0 += kFinalRowsBlock) {
+      const int64_t u1 = std::min(num_unique, u0 + kFinalRowsBlock);
+      std::fill(out + u0 * d, out + u1 * d, T(0));
+      NarrowRowGrads<kD>(slices[k], 0, sums.data(), c.rows, table, d, out, dk, u0, u1,
+                         prefetch_slots);
+      final(u0, u1 - u0);
+    }
+    return;
+  }
+  std::fill(out, out + num_unique * d, T(0));
   if (wide) {
     values.resize(num_unique * d);
     GatherRows(table, c.rows, d, values.data());
@@ -583,7 +622,8 @@ void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
       if (!wide) {
         sums.assign(num_unique * units, T(0));
         SumUpstream(s, slice.blocks, slot, scales[c.sites[k]], inverse, dy, units, sums.data());
-        NarrowRowGrads<kD>(slice, slot, sums.data(), c.rows, table, d, out, dk);
+        NarrowRowGrads<kD>(slice, slot, sums.data(), c.rows, table, d, out, dk, 0, num_unique,
+                           [](int64_t) {});
         continue;
       }
       entries.Build(s, slice.blocks, slot, scales[c.sites[k]], inverse, num_unique);
@@ -597,6 +637,7 @@ void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
                     dk + (w - kernel));
     }
   }
+  final(0, num_unique);
 }
 
 // A projection worked per unique row of each table: the inputs checked and each
@@ -688,10 +729,13 @@ class GroupedProjection {
   }
 
   // Computes each cluster's row gradients into out(t, cluster), a [unique rows, d] buffer,
-  // then calls done(t, cluster, that buffer), on one thread per cluster: clusters of
-  // one table cover disjoint rows.
-  template <typename OutFn, typename DoneFn>
-  void Run(OpKernelContext* ctx, const T* dy, const OutFn& out, const DoneFn& done) {
+  // calling done(t, cluster, u0, n, rows [u0, u0 + n) of that buffer) as they become
+  // final (ProjectClusterGrad), on one thread per cluster: clusters of one table cover
+  // disjoint rows. prefetch_slots(t, row) asks for what done will read of table t's row
+  // besides the row itself.
+  template <typename OutFn, typename DoneFn, typename PrefetchFn>
+  void Run(OpKernelContext* ctx, const T* dy, const OutFn& out, const DoneFn& done,
+           const PrefetchFn& prefetch_slots) {
     dk_.assign(units_ * attrs_->width, T(0));
     std::vector<std::pair<int, int>> items;  // (table, cluster)
     for (size_t t = 0; t < tables_.size(); ++t) {
@@ -711,11 +755,11 @@ class GroupedProjection {
       const RowClusters::Cluster& c = g.groups.clusters[items[k].second];
       T* grads = out(t, c);
       DispatchDim(g.d, [&](auto dim) {
-        ProjectClusterGrad<decltype(dim)::value>(g.sites, g.slices, g.scales, c, g.values, g.d,
-                                                 dy, kernel_, grads,
-                                                 dk_.data());
+        ProjectClusterGrad<decltype(dim)::value>(
+            g.sites, g.slices, g.scales, c, g.values, g.d, dy, kernel_, grads, dk_.data(),
+            [&](int64_t u0, int64_t n) { done(t, c, u0, n, grads + u0 * g.d); },
+            [&](int64_t row) { prefetch_slots(t, row); });
       });
-      done(t, c, grads);
     });
   }
 
@@ -949,7 +993,8 @@ class StitchedProjectionGradOp : public OpKernel {
         [&](int t, const RowClusters::Cluster& c) {
           return row_grads[t] + c.unique_begin * gradient.tables()[t].d;
         },
-        [](int, const RowClusters::Cluster&, const T*) {});
+        [](int, const RowClusters::Cluster&, int64_t, int64_t, const T*) {},
+        [](int, int64_t) {});
     OP_REQUIRES_OK(ctx, gradient.KernelGrad(ctx));
   }
 
@@ -986,9 +1031,10 @@ class StitchedProjectionGradApplyOp : public OpKernel {
             buffer.resize(c.num_unique() * vars.tensors()[t].dim_size(1));
             return buffer.data();
           },
-          [&](int t, const RowClusters::Cluster& c, const T* grads) {
-            apply(t, c.rows.data(), c.num_unique(), grads);
-          });
+          [&](int t, const RowClusters::Cluster& c, int64_t u0, int64_t n, const T* grads) {
+            apply(t, c.rows.data() + u0, n, grads);
+          },
+          [&](int t, int64_t row) { vars.PrefetchSlots(t, row); });
     }));
     OP_REQUIRES_OK(ctx, gradient.KernelGrad(ctx));
   }

@@ -10,6 +10,7 @@ from picasso_tf.ops.in_gradient import FixedTableUpdates, update_tables_in_gradi
 from picasso_tf.ops.library import load
 from picasso_tf.ops.packed_lookup import site_inputs
 from picasso_tf.ops.stitched_lookup import stitched_lookup
+from picasso_tf.ops.stitched_projection import stitched_projection
 from test_ops_sparse_apply import FTRL_HP, HP, _adam_hp, _rms_hp
 from test_ops_stitched_lookup import SPECS as LOOKUP_SPECS, make_stitch
 from test_ops_stitched_projection import DENSE, SPECS, project
@@ -103,6 +104,32 @@ def test_gradient_applied_inside_the_kernel_equals_the_gradient_then_the_update(
     assert not np.array_equal(fused[len(others)], tables[0]), "the tables were updated"
     for k, (a, b) in enumerate(zip(fused, separate)):
         np.testing.assert_array_equal(a, b, err_msg=f"output {k} (the others' gradients, then tables, slots)")
+
+
+@pytest.mark.parametrize("case", ["adagrad_weight_decay", "amsgrad", "ftrl"])
+def test_a_narrow_projection_updates_many_rows_block_by_block_as_the_update_after_it(case):
+    """One-site tables with far more unique rows than the narrow projection's blocks of
+    final rows (their optimizer rows prefetched beside the table rows), widths 8 and 5
+    (the generic row path): bit for bit the gradient, then the update."""
+    rng = np.random.default_rng(5)
+    rows, vocabs, dims = 4000, (2000, 1500), (8, 5)
+    tables = [rng.normal(size=(v, d)).astype(np.float32) for v, d in zip(vocabs, dims)]
+    ids = [rng.integers(0, v, size=rows) for v in vocabs]
+    kernel = tf.constant(rng.normal(size=(sum(dims), 1)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(rows, 1)).astype(np.float32))
+
+    def forward(values):
+        return stitched_projection(values, ids, kernel=kernel, table_index=[0, 1], columns=[0, dims[0]],
+                                   row_blocks=[1, 1], width=sum(dims), offsets=[0, 0], vocab_sizes=list(vocabs),
+                                   combiners=["none", "none"], feature_names=["a", "b"])
+
+    num_slots, make_update = IN_KERNEL_UPDATES[case]
+    args = (tables, _random_slots(rng, tables, num_slots), forward, [kernel], upstream, make_update)
+    fused, separate = _train_step(*args, in_kernel=True), _train_step(*args, in_kernel=False)
+    assert len(np.unique(ids[0])) > 1500, "many blocks of rows"
+    assert not np.array_equal(fused[1], tables[0]), "the tables were updated"
+    for k, (a, b) in enumerate(zip(fused, separate)):
+        np.testing.assert_array_equal(a, b, err_msg=f"output {k} (the kernel's gradient, then tables, slots)")
 
 
 @pytest.mark.parametrize("weights", ["sources_unnamed", "from_a_variable"])
