@@ -1004,10 +1004,11 @@ class StitchedProjectionGradOp : public OpKernel {
 
 // The projection's gradient applied by an optimizer to the tables in place: each
 // cluster's row gradients go to the optimizer's update of those rows (their table
-// rows still in cache from the kernel gradient) instead of to an output, and only
-// the kernel's gradient is returned. Rows without a gradient are left alone (the
-// lazy form, which is Keras' own for Adagrad and momentum-free SGD). Each table row's
-// value is read for the kernel gradient before its own cluster updates it.
+// rows still in cache from the kernel gradient; a narrow one-site cluster's block by
+// block, its slots' rows prefetched with them) instead of to an output, and only the
+// kernel's gradient is returned. Rows without a gradient are left alone (the lazy
+// form, which is Keras' own for Adagrad and momentum-free SGD). Each table row's value
+// is read for the kernel gradient before the update of that row.
 template <typename T, typename Tid>
 class StitchedProjectionGradApplyOp : public OpKernel {
  public:
