@@ -13,6 +13,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define EIGEN_USE_THREADS  // before any Eigen header: variable updates run on the CPU device
 
+#include <type_traits>
+
 #include "packed_sites.h"
 #include "sparse_updates.h"
 #include "tensorflow/core/framework/op.h"
@@ -94,29 +96,22 @@ bool ProjectSite(const Site<T, Tid> s, const SegmentIndex index, const T* table,
   const int64_t ahead = ProjectionPrefetchDistance(row_bytes);
   const int64_t begin = r0 * k.blocks, end = r1 * k.blocks;
   T sums[kMaxProjectionUnits];
-  if (!s.pooled && k.blocks == 1) {
-    // One id per output row (one-hot): no division per id to find its row and weights.
-    const T* w = k.weights(0, 0, d);
-    for (int64_t j = begin; j < end; ++j) {
-      if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
-      const Tid id = s.ids[j];
-      if (!s.Valid(id)) return false;
-      const T* row = base + static_cast<int64_t>(id) * d;
-      T* out = y + j * k.units;
-      for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, w + p * k.width, d);
-    }
-    return true;
-  }
   if (!s.pooled) {
-    for (int64_t j = begin; j < end; ++j) {
-      if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
-      const Tid id = s.ids[j];
-      if (!s.Valid(id)) return false;
-      const T* row = base + static_cast<int64_t>(id) * d;
-      T* out = y + (j / k.blocks) * k.units;
-      for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, k.weights(p, j, d), d);
-    }
-    return true;
+    // One id per output row (one-hot, the usual case) needs no division per id to find
+    // its output row and kernel weights.
+    auto walk = [&](auto one_hot) {
+      for (int64_t j = begin; j < end; ++j) {
+        if (j + ahead < end) PrefetchBytes(RowAddress(base, s.ids[j + ahead], d), row_bytes);
+        const Tid id = s.ids[j];
+        if (!s.Valid(id)) return false;
+        const T* row = base + static_cast<int64_t>(id) * d;
+        T* out = y + (one_hot ? j : j / k.blocks) * k.units;
+        const T* w = k.weights(0, one_hot ? 0 : j, d);
+        for (int64_t p = 0; p < k.units; ++p) out[p] += DotRow<kD>(row, w + p * k.width, d);
+      }
+      return true;
+    };
+    return k.blocks == 1 ? walk(std::true_type{}) : walk(std::false_type{});
   }
   auto entry = [&index](int64_t q) -> int64_t { return index.perm ? index.perm[q] : q; };
   const int64_t q_end = index.start[end];
