@@ -418,46 +418,80 @@ struct RowClusters {
   int64_t num_unique = 0;
 };
 
+// GroupDense's scratch, one per thread and kept between calls (a cluster is grouped
+// every step, and allocating and zeroing its byte map each time measured a visible
+// share of a gradient): the byte map is all zero between calls, each call clearing
+// what it marked. Scratch for clusters wider than kKeptDenseRows rows is freed after use.
+struct DenseScratch {
+  std::vector<uint8_t> seen;
+  std::vector<uint64_t> marks;  // one bit per row, 64 rows a word
+  std::vector<uint32_t> rank;
+};
+constexpr int64_t kKeptDenseRows = 1 << 18;  // about 1.3 MB of scratch per thread
+
 // Groups a cluster by marking its rows in a byte map over [lo, hi) and numbering the
 // marked ones in order: for clusters not much wider than their number of entries.
 // False on a bad id.
 template <typename S>
 bool GroupDense(const std::vector<S>& sites, RowClusters::Cluster* c) {
-  const int64_t padded = (c->hi - c->lo + 63) / 64 * 64;
-  std::unique_ptr<uint8_t[]> seen(new uint8_t[padded]());
-  for (int i : c->sites) {
+  thread_local DenseScratch scratch;
+  const int64_t words = (c->hi - c->lo + 63) / 64, padded = words * 64;
+  if (static_cast<int64_t>(scratch.seen.size()) < padded) {
+    scratch.seen.resize(padded, 0);
+    scratch.rank.resize(padded);
+  }
+  scratch.marks.resize(words);
+  uint8_t* seen = scratch.seen.data();
+  uint32_t* rank = scratch.rank.data();
+  bool valid = true;
+  for (size_t k = 0; k < c->sites.size() && valid; ++k) {
     // Locals, which the byte stores cannot alias, so they stay in registers.
-    uint8_t* site_seen = seen.get() + (sites[i].offset - c->lo);
-    const auto* ids = sites[i].ids;
-    const int64_t n = sites[i].n, vocab = sites[i].vocab;
+    const S& s = sites[c->sites[k]];
+    uint8_t* site_seen = seen + (s.offset - c->lo);
+    const auto* ids = s.ids;
+    const int64_t n = s.n, vocab = s.vocab;
     for (int64_t j = 0; j < n; ++j) {
-      if (!InRange(ids[j], vocab)) return false;
+      if (!InRange(ids[j], vocab)) {
+        valid = false;
+        break;
+      }
       site_seen[ids[j]] = 1;
     }
   }
-  // Number the marked rows 64 at a time: pack their marks into a bit mask (one
-  // multiplication turns 8 little-endian 0/1 bytes into 8 bits), then visit its bits.
-  std::unique_ptr<uint32_t[]> rank(new uint32_t[padded]);
-  for (int64_t k = 0; k < padded; k += 64) {
+  // Pack the marks into bits 64 rows at a time (one multiplication turns 8
+  // little-endian 0/1 bytes into 8 bits), clearing the byte map behind them.
+  int64_t num_unique = 0;
+  for (int64_t w = 0; w < words; ++w) {
     uint64_t mask = 0;
+    uint8_t* bytes = seen + w * 64;
     for (int b = 0; b < 64; b += 8) {
-      uint64_t bytes;
-      std::memcpy(&bytes, seen.get() + k + b, 8);
-      mask |= ((bytes * 0x0102040810204080ull) >> 56) << b;
+      uint64_t eight;
+      std::memcpy(&eight, bytes + b, 8);
+      mask |= ((eight * 0x0102040810204080ull) >> 56) << b;
     }
-    for (; mask != 0; mask &= mask - 1) {
-      const int64_t row = k + __builtin_ctzll(mask);
-      rank[row] = static_cast<uint32_t>(c->rows.size());
-      c->rows.push_back(c->lo + row);
+    std::memset(bytes, 0, 64);
+    scratch.marks[w] = mask;
+    num_unique += __builtin_popcountll(mask);
+  }
+  if (valid) {
+    c->rows.resize(num_unique);
+    int64_t u = 0;
+    for (int64_t w = 0; w < words; ++w) {
+      for (uint64_t mask = scratch.marks[w]; mask != 0; mask &= mask - 1, ++u) {
+        const int64_t row = w * 64 + __builtin_ctzll(mask);
+        rank[row] = static_cast<uint32_t>(u);
+        c->rows[u] = c->lo + row;
+      }
+    }
+    for (size_t k = 0; k < c->sites.size(); ++k) {
+      const S& s = sites[c->sites[k]];
+      const uint32_t* site_rank = rank + (s.offset - c->lo);
+      uint32_t* inverse = c->inverse.get() + c->site_begin[k];
+      for (int64_t j = 0; j < s.n; ++j) inverse[j] = site_rank[s.ids[j]];
     }
   }
-  for (size_t k = 0; k < c->sites.size(); ++k) {
-    const S& s = sites[c->sites[k]];
-    const uint32_t* site_rank = rank.get() + (s.offset - c->lo);
-    uint32_t* inverse = c->inverse.get() + c->site_begin[k];
-    for (int64_t j = 0; j < s.n; ++j) inverse[j] = site_rank[s.ids[j]];
-  }
-  return true;
+  if (padded > kKeptDenseRows) scratch = DenseScratch();
+  return valid;
 }
 
 // Sorts v[0, m) by bits [32, 32 + bits) of each value, keeping values with equal keys

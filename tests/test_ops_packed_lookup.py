@@ -201,6 +201,18 @@ def test_unique_rejects_out_of_range_ids():
         packed_unique([np.arange(5), ids], [0, 5], [5, 1000], ["C1", "C7"])
 
 
+def test_a_rejected_call_leaves_nothing_behind_for_the_next():
+    # Grouping keeps its byte map between calls on a thread (small inputs run on the
+    # calling thread); rows marked before a bad id must not reappear in the next call.
+    for _ in range(2):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'C1'"):
+            packed_unique([np.array([3, 1, 4, 1000]), np.array([2])], [0, 0], [1000, 1000], ["C1", "C2"])
+        unique_rows, inverse, counts = packed_unique([np.array([9, 9, 2])], [0], [1000], ["C1"])
+        np.testing.assert_array_equal(unique_rows.numpy(), [2, 9])
+        np.testing.assert_array_equal(inverse[0].numpy(), [1, 1, 0])
+        np.testing.assert_array_equal(counts.numpy(), [1, 2])
+
+
 # ---------------------------------------------------------------------------------
 # Gradients
 
