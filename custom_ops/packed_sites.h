@@ -429,11 +429,21 @@ struct DenseScratch {
 };
 constexpr int64_t kKeptDenseRows = 1 << 18;  // about 1.3 MB of scratch per thread
 
+// A GroupDense that only groups (see GroupDense's hooks).
+struct GroupOnly {
+  static constexpr bool kInverse = true;
+  void Entry(int64_t /*entry*/, int64_t /*row*/) {}
+  void Row(int64_t /*u*/, int64_t /*row*/) {}
+};
+
 // Groups a cluster by marking its rows in a byte map over [lo, hi) and numbering the
 // marked ones in order: for clusters not much wider than their number of entries.
-// False on a bad id.
-template <typename S>
-bool GroupDense(const std::vector<S>& sites, RowClusters::Cluster* c) {
+// False on a bad id. The hooks let a caller do per-entry work in the marking pass
+// (hooks.Entry(entry, row), rows relative to lo, for each entry of a valid call's
+// sites in order, and of a bad call's up to its bad id) and per-row work as the rows
+// are numbered (hooks.Row(u, row), u ascending); without kInverse no inverse is kept.
+template <typename S, typename Hooks = GroupOnly>
+bool GroupDense(const std::vector<S>& sites, RowClusters::Cluster* c, Hooks hooks = {}) {
   thread_local DenseScratch scratch;
   const int64_t words = (c->hi - c->lo + 63) / 64, padded = words * 64;
   if (static_cast<int64_t>(scratch.seen.size()) < padded) {
@@ -447,15 +457,17 @@ bool GroupDense(const std::vector<S>& sites, RowClusters::Cluster* c) {
   for (size_t k = 0; k < c->sites.size() && valid; ++k) {
     // Locals, which the byte stores cannot alias, so they stay in registers.
     const S& s = sites[c->sites[k]];
-    uint8_t* site_seen = seen + (s.offset - c->lo);
+    const int64_t site_lo = s.offset - c->lo;
+    uint8_t* site_seen = seen + site_lo;
     const auto* ids = s.ids;
-    const int64_t n = s.n, vocab = s.vocab;
+    const int64_t n = s.n, vocab = s.vocab, entry0 = c->site_begin[k];
     for (int64_t j = 0; j < n; ++j) {
       if (!InRange(ids[j], vocab)) {
         valid = false;
         break;
       }
       site_seen[ids[j]] = 1;
+      hooks.Entry(entry0 + j, site_lo + ids[j]);
     }
   }
   // Pack the marks into bits 64 rows at a time (one multiplication turns 8
@@ -481,9 +493,10 @@ bool GroupDense(const std::vector<S>& sites, RowClusters::Cluster* c) {
         const int64_t row = w * 64 + __builtin_ctzll(mask);
         rank[row] = static_cast<uint32_t>(u);
         c->rows[u] = c->lo + row;
+        hooks.Row(u, row);
       }
     }
-    for (size_t k = 0; k < c->sites.size(); ++k) {
+    for (size_t k = 0; k < c->sites.size() && Hooks::kInverse; ++k) {
       const S& s = sites[c->sites[k]];
       const uint32_t* site_rank = rank + (s.offset - c->lo);
       uint32_t* inverse = c->inverse.get() + c->site_begin[k];
@@ -590,10 +603,12 @@ bool GroupSorted(const std::vector<S>& sites, RowClusters::Cluster* c) {
   return true;
 }
 
-// Groups the entries of all sites by packed row (see RowClusters).
-template <typename S>
+// Groups the entries of all sites by packed row (see RowClusters). A cluster grouped
+// densely is handed to group_dense(cluster index, cluster), which groups it (by
+// default GroupDense without hooks) and returns false on a bad id.
+template <typename S, typename DenseFn>
 Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
-                  const std::vector<S>& sites, RowClusters* out) {
+                  const std::vector<S>& sites, RowClusters* out, const DenseFn& group_dense) {
   const int num_sites = static_cast<int>(sites.size());
   std::vector<int> by_offset(num_sites);
   std::iota(by_offset.begin(), by_offset.end(), 0);
@@ -629,7 +644,7 @@ Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layo
     RowClusters::Cluster* c = &clusters[schedule[k]];
     const int64_t width = c->hi - c->lo;
     const bool dense = width <= kDenseRowsPerEntry * c->num_entries() + kDenseMinRows;
-    if (!(dense ? GroupDense(sites, c) : GroupSorted(sites, c))) bad_id.store(true);
+    if (!(dense ? group_dense(schedule[k], c) : GroupSorted(sites, c))) bad_id.store(true);
   });
   if (bad_id.load()) return FirstBadId(op, layout, sites);
   for (auto& c : clusters) {
@@ -637,6 +652,13 @@ Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layo
     out->num_unique += c.num_unique();
   }
   return OkStatus();
+}
+
+template <typename S>
+Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
+                  const std::vector<S>& sites, RowClusters* out) {
+  return GroupByRow(ctx, op, layout, sites, out,
+                    [&](int64_t, RowClusters::Cluster* c) { return GroupDense(sites, c); });
 }
 
 // ---------------------------------------------------------------------------------

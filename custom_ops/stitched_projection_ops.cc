@@ -359,6 +359,35 @@ void SumUpstream(const Site<T, Tid>& s, int64_t blocks, int64_t slot, const T* s
   }
 }
 
+// GroupDense's hooks for a cluster of one one-hot site in one row block: its sums
+// s_u (as SumUpstream's, in the same order) added up per row while the rows are
+// marked, in by_row [rows of the cluster, units] (all zero between calls, each call
+// clearing the rows it read), then copied out per unique row into sums (room for one
+// row per entry). Saves SumUpstream's pass over the ids and GroupDense's pass writing
+// the inverse.
+template <typename T>
+struct SumWhileGrouping {
+  static constexpr bool kInverse = false;
+  const T* dy;
+  int64_t units;
+  T* by_row;
+  T* sums;
+
+  void Entry(int64_t entry, int64_t row) {
+    const T* g = dy + entry * units;
+    T* sum = by_row + row * units;
+    for (int64_t p = 0; p < units; ++p) sum[p] += g[p];
+  }
+  void Row(int64_t u, int64_t row) {
+    T* sum = by_row + row * units;
+    T* out = sums + u * units;
+    for (int64_t p = 0; p < units; ++p) {
+      out[p] = sum[p];
+      sum[p] = T(0);
+    }
+  }
+};
+
 // A narrow kernel (at most kMaxProjectionUnits units, kept transposed in kt/dkt):
 // per unique row and unit, one axpy into its gradient and one into the kernel's; for
 // unique rows [u0, u1). Rows are prefetched ahead (past u1 too: the next block's), and
@@ -579,13 +608,15 @@ void WideSiteGrads(const EntriesByRow<T>& entries, const T* values, int64_t d, c
 // `out` receives the cluster's [unique rows, d] gradient; dk is the kernel's gradient
 // (transposed for a narrow kernel, as kt). final(u0, n) is called as rows [u0, u0 + n)
 // of out become final, in order, covering every row; prefetch_slots as in
-// NarrowRowGrads.
+// NarrowRowGrads. presummed: the cluster's sums when grouping made them
+// (SumWhileGrouping), else null.
 template <int64_t kD, typename T, typename Tid, typename FinalFn, typename PrefetchFn>
 void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
                         const std::vector<KernelSlice<T>>& slices,
                         const std::vector<const T*>& scales, const RowClusters::Cluster& c,
-                        const T* table, int64_t d, const T* dy, const T* kernel, T* out, T* dk,
-                        const FinalFn& final, const PrefetchFn& prefetch_slots) {
+                        const T* table, int64_t d, const T* dy, const T* kernel,
+                        const T* presummed, T* out, T* dk, const FinalFn& final,
+                        const PrefetchFn& prefetch_slots) {
   const int64_t num_unique = c.num_unique();
   const int64_t units = slices.empty() ? 0 : slices[0].units;
   const bool wide = units > kMaxProjectionUnits;
@@ -593,12 +624,15 @@ void ProjectClusterGrad(const std::vector<Site<T, Tid>>& sites,
   thread_local EntriesByRow<T> entries;
   if (!wide && c.sites.size() == 1 && slices[c.sites[0]].blocks == 1) {
     const int k = c.sites[0];
-    sums.assign(num_unique * units, T(0));
-    SumUpstream(sites[k], 1, 0, scales[k], c.inverse.get(), dy, units, sums.data());
+    if (presummed == nullptr) {
+      sums.assign(num_unique * units, T(0));
+      SumUpstream(sites[k], 1, 0, scales[k], c.inverse.get(), dy, units, sums.data());
+      presummed = sums.data();
+    }
     for (int64_t u0 = 0; u0 < num_unique; u0 += kFinalRowsBlock) {
       const int64_t u1 = std::min(num_unique, u0 + kFinalRowsBlock);
       std::fill(out + u0 * d, out + u1 * d, T(0));
-      NarrowRowGrads<kD>(slices[k], 0, sums.data(), c.rows, table, d, out, dk, u0, u1,
+      NarrowRowGrads<kD>(slices[k], 0, presummed, c.rows, table, d, out, dk, u0, u1,
                          prefetch_slots);
       final(u0, u1 - u0);
     }
@@ -647,15 +681,19 @@ class GroupedProjection {
     std::vector<KernelSlice<T>> slices;
     std::vector<const T*> scales;
     RowClusters groups;
+    // Per cluster, its sums if grouping made them (room for one row per entry), else null.
+    std::vector<std::unique_ptr<T[]>> presummed;
     const T* values = nullptr;
     int64_t d = 0;
   };
 
   // `tables` holds the tables' values (anything indexable by table giving a Tensor);
-  // the sites fill `rows` output rows.
+  // the sites fill `rows` output rows. With dy (a gradient's upstream, [rows, units]),
+  // the clusters of one one-hot site in one row block sum it while they are grouped.
   template <typename Tables>
   Status Prepare(OpKernelContext* ctx, const char* op, const ProjectionAttrs& attrs,
-                 const Tables& tables, const Tensor& kernel, int64_t rows) {
+                 const Tables& tables, const Tensor& kernel, int64_t rows,
+                 const T* dy = nullptr) {
     attrs_ = &attrs;
     const PackedLayout& layout = attrs.layout;
     std::vector<Site<T, Tid>> sites;
@@ -697,7 +735,12 @@ class GroupedProjection {
                             attrs.stitch.row_blocks[i]});
         g.scales.push_back(scales[i]);
       }
-      TF_RETURN_IF_ERROR(GroupByRow(ctx, op, attrs.by_table.layouts[t], g.sites, &g.groups));
+      // A table has at most one cluster per site.
+      g.presummed.resize(g.sites.size());
+      TF_RETURN_IF_ERROR(GroupByRow(ctx, op, attrs.by_table.layouts[t], g.sites, &g.groups,
+                                    [&](int64_t index, RowClusters::Cluster* c) {
+                                      return GroupCluster(g, dy, index, c);
+                                    }));
     }
     return OkStatus();
   }
@@ -751,7 +794,8 @@ class GroupedProjection {
       T* grads = out(t, c);
       DispatchDim(g.d, [&](auto dim) {
         ProjectClusterGrad<decltype(dim)::value>(
-            g.sites, g.slices, g.scales, c, g.values, g.d, dy, kernel_, grads, dk_.data(),
+            g.sites, g.slices, g.scales, c, g.values, g.d, dy, kernel_,
+            g.presummed[items[k].second].get(), grads, dk_.data(),
             [&](int64_t u0, int64_t n) { done(t, c, u0, n, grads + u0 * g.d); },
             [&](int64_t row) { prefetch_slots(t, row); });
       });
@@ -775,6 +819,27 @@ class GroupedProjection {
   }
 
  private:
+  // Groups a densely grouped cluster of table g, summing dy while it does where
+  // ProjectClusterGrad would sum it per site afterwards (SumWhileGrouping).
+  bool GroupCluster(Table& g, const T* dy, int64_t index, RowClusters::Cluster* c) const {
+    const bool one_hot_site = c->sites.size() == 1 && !g.sites[c->sites[0]].pooled &&
+                              g.slices[c->sites[0]].blocks == 1;
+    const int64_t by_row_size = (c->hi - c->lo) * units_;
+    if (dy == nullptr || !one_hot_site || units_ > kMaxProjectionUnits ||
+        by_row_size > kKeptDenseRows) {
+      return GroupDense(g.sites, c);
+    }
+    thread_local std::vector<T> by_row;  // all zero between calls
+    if (static_cast<int64_t>(by_row.size()) < by_row_size) by_row.resize(by_row_size, T(0));
+    std::unique_ptr<T[]> sums(new T[c->num_entries() * units_]);
+    if (GroupDense(g.sites, c, SumWhileGrouping<T>{dy, units_, by_row.data(), sums.get()})) {
+      g.presummed[index] = std::move(sums);
+      return true;
+    }
+    std::fill(by_row.begin(), by_row.begin() + by_row_size, T(0));  // a bad id: rows were summed
+    return false;
+  }
+
   const ProjectionAttrs* attrs_ = nullptr;
   // What Forward adds to the output: a site (and sequence slot) with its cluster's
   // unique rows' values [unique rows, d].
@@ -967,7 +1032,7 @@ class StitchedProjectionGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckUpstream(kProjectionGradOp, dy, ctx->input(1)));
     GroupedProjection<T, Tid> gradient;
     OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradOp, attrs_, tables, ctx->input(1),
-                                         dy.dim_size(0)));
+                                         dy.dim_size(0), dy.flat<T>().data()));
     OpOutputList unique_list, grads_list;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_rows", &unique_list));
     OP_REQUIRES_OK(ctx, ctx->output_list("row_grads", &grads_list));
@@ -1018,7 +1083,7 @@ class StitchedProjectionGradApplyOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckUpstream(kProjectionGradApplyOp, dy, ctx->input(1)));
     GroupedProjection<T, Tid> gradient;
     OP_REQUIRES_OK(ctx, gradient.Prepare(ctx, kProjectionGradApplyOp, attrs_, vars.tensors(),
-                                         ctx->input(1), dy.dim_size(0)));
+                                         ctx->input(1), dy.dim_size(0), dy.flat<T>().data()));
     OP_REQUIRES_OK(ctx, vars.Run(ctx, [&](const auto& apply) {
       gradient.Run(
           ctx, dy.flat<T>().data(),

@@ -122,3 +122,41 @@ def test_bad_ids_weights_and_kernels_are_named():
             tables=tables, ids=[s["ids"] for s in sites], segment_ids=[np.zeros(0, np.int64)] * 2,
             weights=[np.ones(len(sites[0]["ids"]), np.float32), np.zeros(0, np.float32)],
             num_segments=[np.int64(0)] * 2, kernel=kernel, **site_kwargs(kwargs))
+
+
+def one_hot_row_gradient(ids, upstream, kernel):
+    """A one-hot site's table gradient as the kernels compute it with one unit: per
+    unique row (ascending), its entries' upstream summed in entry order in float32,
+    times the kernel's column of that site."""
+    rows = np.unique(ids)
+    sums = {r: np.float32(0) for r in rows}
+    for i, g in zip(ids, upstream[:, 0]):
+        sums[i] = np.float32(sums[i] + g)
+    return rows, np.stack([kernel[:, 0] * sums[r] for r in rows])
+
+
+@pytest.mark.parametrize("rows", [37, 3000])   # 3000: large enough to run threaded
+def test_a_one_hot_sites_gradient_sums_its_upstream_in_entry_order(rows):
+    # The sums are made while the site's rows are grouped, from scratch kept between
+    # calls; a call rejected for a bad id must leave none of its sums behind.
+    rng = np.random.default_rng(rows)
+    tables, sites, _, kwargs, _ = make_stitch(rng, rows, [(0, 50, "none", 1, False)], {})
+    kernel = rng.normal(size=(kwargs["width"], 1)).astype(np.float32)
+    upstream = rng.normal(size=(rows, 1)).astype(np.float32)
+
+    def table_gradient(ids):
+        # The gradient op itself: the forward would refuse a bad id before it runs.
+        unique_rows, row_grads, _ = load().picasso_stitched_projection_grad(
+            grad=upstream, kernel=kernel, tables=tables[:1], ids=[ids], segment_ids=[np.zeros(0, np.int64)],
+            weights=[np.zeros(0, np.float32)], num_segments=[np.int64(0)], **site_kwargs(kwargs))
+        return unique_rows[0].numpy(), row_grads[0].numpy()
+
+    bad = sites[0]["ids"].copy()
+    bad[-1] = 50
+    expected_rows, expected = one_hot_row_gradient(sites[0]["ids"], upstream, kernel)
+    for _ in range(2):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="feature 'F0'"):
+            table_gradient(bad)
+        unique_rows, row_grads = table_gradient(sites[0]["ids"])
+        np.testing.assert_array_equal(unique_rows, expected_rows)
+        np.testing.assert_array_equal(row_grads, expected)
