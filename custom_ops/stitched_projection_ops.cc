@@ -829,7 +829,8 @@ class GroupedProjection {
         by_row_size > kKeptDenseRows) {
       return GroupDense(g.sites, c);
     }
-    thread_local std::vector<T> by_row;  // all zero between calls
+    // All zero between calls; kept, as GroupDense's scratch, up to kKeptDenseRows values.
+    thread_local std::vector<T> by_row;
     if (static_cast<int64_t>(by_row.size()) < by_row_size) by_row.resize(by_row_size, T(0));
     std::unique_ptr<T[]> sums(new T[c->num_entries() * units_]);
     if (GroupDense(g.sites, c, SumWhileGrouping<T>{dy, units_, by_row.data(), sums.get()})) {
