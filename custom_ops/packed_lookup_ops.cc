@@ -698,6 +698,7 @@ class LookupGradients {
 
     // Each table's entries grouped by row; its sites numbered within the table.
     tables_ = std::vector<TableGrad>(attrs.num_rows.size());
+    std::vector<SitesOfTable<Site<T, Tid>>> grouped;
     for (size_t t = 0; t < tables_.size(); ++t) {
       TableGrad& table = tables_[t];
       for (int i : attrs.by_table.sites[t]) {
@@ -706,9 +707,9 @@ class LookupGradients {
         table.scales.push_back(scales[i]);
       }
       table.d = dims[t];
-      TF_RETURN_IF_ERROR(GroupByRow(ctx, op, attrs.by_table.layouts[t], table.sites, &table.groups));
+      grouped.push_back({&attrs.by_table.layouts[t], &table.sites, &table.groups});
     }
-    return OkStatus();
+    return GroupTablesByRow(ctx, op, grouped);
   }
 
   int num_tables() const { return static_cast<int>(tables_.size()); }

@@ -603,12 +603,17 @@ bool GroupSorted(const std::vector<S>& sites, RowClusters::Cluster* c) {
   return true;
 }
 
-// Groups the entries of all sites by packed row (see RowClusters). A cluster grouped
-// densely is handed to group_dense(cluster index, cluster), which groups it (by
-// default GroupDense without hooks) and returns false on a bad id.
-template <typename S, typename DenseFn>
-Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
-                  const std::vector<S>& sites, RowClusters* out, const DenseFn& group_dense) {
+// One table's sites to group by row, and where its clusters go (GroupTablesByRow).
+template <typename S>
+struct SitesOfTable {
+  const PackedLayout* layout;
+  const std::vector<S>* sites;
+  RowClusters* out;
+};
+
+// Forms the clusters of a table's sites (see RowClusters), not yet grouped.
+template <typename S>
+void FormClusters(const std::vector<S>& sites, RowClusters* out) {
   const int num_sites = static_cast<int>(sites.size());
   std::vector<int> by_offset(num_sites);
   std::iota(by_offset.begin(), by_offset.end(), 0);
@@ -625,40 +630,78 @@ Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layo
     clusters.back().hi = std::max(clusters.back().hi, hi);
     clusters.back().sites.push_back(i);
   }
-  int64_t total = 0;
   for (auto& c : clusters) {
     std::sort(c.sites.begin(), c.sites.end());
     c.site_begin.push_back(0);
     for (int i : c.sites) c.site_begin.push_back(c.site_begin.back() + sites[i].n);
     c.inverse.reset(new uint32_t[c.num_entries()]);
-    total += c.num_entries();
+  }
+}
+
+// Groups the entries of each table's sites by packed row (see RowClusters), the
+// clusters of all the tables in one pass over the worker threads: a kernel over many
+// one-hot features has as many tables of one cluster each, which grouped table by table
+// would leave all threads but one idle. A cluster grouped densely is handed to
+// group_dense(table, cluster index, cluster), which groups it and returns false on a bad
+// id. On bad ids the error names the first of the first table that has one.
+template <typename S, typename DenseFn>
+Status GroupTablesByRow(OpKernelContext* ctx, const char* op,
+                        const std::vector<SitesOfTable<S>>& tables, const DenseFn& group_dense) {
+  struct Item {
+    int table;
+    int cluster;
+    int64_t entries;
+  };
+  std::vector<Item> items;
+  int64_t total = 0;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    FormClusters(*tables[t].sites, tables[t].out);
+    const auto& clusters = tables[t].out->clusters;
+    for (size_t k = 0; k < clusters.size(); ++k) {
+      items.push_back({static_cast<int>(t), static_cast<int>(k), clusters[k].num_entries()});
+      total += clusters[k].num_entries();
+    }
   }
   // Largest clusters first, so that the last items to be claimed are small ones.
-  std::vector<int> schedule(clusters.size());
-  std::iota(schedule.begin(), schedule.end(), 0);
-  std::stable_sort(schedule.begin(), schedule.end(), [&](int a, int b) {
-    return clusters[a].num_entries() > clusters[b].num_entries();
-  });
-  std::atomic<bool> bad_id(false);
-  RunWorkItems(ctx, schedule.size(), total >= kMinParallelEntries, [&](int64_t k) {
-    RowClusters::Cluster* c = &clusters[schedule[k]];
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.entries > b.entries; });
+  std::unique_ptr<std::atomic<bool>[]> bad_id(new std::atomic<bool>[tables.size()]());
+  RunWorkItems(ctx, items.size(), total >= kMinParallelEntries, [&](int64_t k) {
+    const Item& item = items[k];
+    RowClusters::Cluster* c = &tables[item.table].out->clusters[item.cluster];
     const int64_t width = c->hi - c->lo;
     const bool dense = width <= kDenseRowsPerEntry * c->num_entries() + kDenseMinRows;
-    if (!(dense ? group_dense(schedule[k], c) : GroupSorted(sites, c))) bad_id.store(true);
+    if (!(dense ? group_dense(item.table, item.cluster, c)
+                : GroupSorted(*tables[item.table].sites, c))) {
+      bad_id[item.table].store(true);
+    }
   });
-  if (bad_id.load()) return FirstBadId(op, layout, sites);
-  for (auto& c : clusters) {
-    c.unique_begin = out->num_unique;
-    out->num_unique += c.num_unique();
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (bad_id[t].load()) return FirstBadId(op, *tables[t].layout, *tables[t].sites);
+  }
+  for (const SitesOfTable<S>& table : tables) {
+    for (auto& c : table.out->clusters) {
+      c.unique_begin = table.out->num_unique;
+      table.out->num_unique += c.num_unique();
+    }
   }
   return OkStatus();
 }
 
+// GroupTablesByRow of each table's sites, each cluster grouped densely by GroupDense.
+template <typename S>
+Status GroupTablesByRow(OpKernelContext* ctx, const char* op,
+                        const std::vector<SitesOfTable<S>>& tables) {
+  return GroupTablesByRow(ctx, op, tables, [&](int t, int64_t, RowClusters::Cluster* c) {
+    return GroupDense(*tables[t].sites, c);
+  });
+}
+
+// GroupTablesByRow of one table's sites.
 template <typename S>
 Status GroupByRow(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
                   const std::vector<S>& sites, RowClusters* out) {
-  return GroupByRow(ctx, op, layout, sites, out,
-                    [&](int64_t, RowClusters::Cluster* c) { return GroupDense(sites, c); });
+  return GroupTablesByRow<S>(ctx, op, {{&layout, &sites, out}});
 }
 
 // ---------------------------------------------------------------------------------

@@ -725,6 +725,7 @@ class GroupedProjection {
 
     // Each table's entries grouped by row.
     tables_ = std::vector<Table>(attrs.by_table.sites.size());
+    std::vector<SitesOfTable<Site<T, Tid>>> grouped;
     for (size_t t = 0; t < tables_.size(); ++t) {
       Table& g = tables_[t];
       g.values = tables[t].template flat<T>().data();
@@ -737,12 +738,12 @@ class GroupedProjection {
       }
       // A table has at most one cluster per site.
       g.presummed.resize(g.sites.size());
-      TF_RETURN_IF_ERROR(GroupByRow(ctx, op, attrs.by_table.layouts[t], g.sites, &g.groups,
-                                    [&](int64_t index, RowClusters::Cluster* c) {
-                                      return GroupCluster(g, dy, index, c);
-                                    }));
+      grouped.push_back({&attrs.by_table.layouts[t], &g.sites, &g.groups});
     }
-    return OkStatus();
+    return GroupTablesByRow(ctx, op, grouped,
+                            [&](int t, int64_t index, RowClusters::Cluster* c) {
+                              return GroupCluster(tables_[t], dy, index, c);
+                            });
   }
 
   const std::vector<Table>& tables() const { return tables_; }

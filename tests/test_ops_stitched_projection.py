@@ -160,3 +160,36 @@ def test_a_one_hot_sites_gradient_sums_its_upstream_in_entry_order(rows):
         unique_rows, row_grads = table_gradient(sites[0]["ids"])
         np.testing.assert_array_equal(unique_rows, expected_rows)
         np.testing.assert_array_equal(row_grads, expected)
+
+
+def test_many_tables_clusters_are_grouped_together_and_the_first_bad_table_is_named():
+    # Every table's clusters are grouped in one pass over the threads (6,000 rows: enough
+    # entries to run threaded); a bad id is reported for the first table that has one.
+    rng = np.random.default_rng(6)
+    rows = 6000
+    tables, sites, _, kwargs, _ = make_stitch(rng, rows, [(t, 50, "none", 1, False) for t in (0, 1, 2, 0, 1, 2)],
+                                              {})
+    kernel = rng.normal(size=(kwargs["width"], 1)).astype(np.float32)
+    upstream = rng.normal(size=(rows, 1)).astype(np.float32)
+
+    def table_gradients(ids):
+        unique_rows, row_grads, _ = load().picasso_stitched_projection_grad(
+            grad=upstream, kernel=kernel, tables=tables, ids=ids, segment_ids=[np.zeros(0, np.int64)] * 6,
+            weights=[np.zeros(0, np.float32)] * 6, num_segments=[np.int64(0)] * 6, **site_kwargs(kwargs))
+        return [u.numpy() for u in unique_rows], [g.numpy() for g in row_grads]
+
+    ids = [s["ids"] for s in sites]
+    unique_rows, row_grads = table_gradients(ids)
+    for t in range(3):
+        expected_rows, expected = [], []
+        for i in (t, t + 3):   # the table's two sites, at offsets 0 and 50
+            columns = slice(kwargs["columns"][i], kwargs["columns"][i] + tables[t].shape[1])
+            r, g = one_hot_row_gradient(ids[i], upstream, kernel[columns])
+            expected_rows.append(r + kwargs["offsets"][i])
+            expected.append(g)
+        np.testing.assert_array_equal(unique_rows[t], np.concatenate(expected_rows))
+        np.testing.assert_array_equal(row_grads[t], np.concatenate(expected))
+    bad = [x.copy() for x in ids]
+    bad[5][0], bad[4][-1] = 77, 51   # tables 2 and 1
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'F4'.*got 51"):
+        table_gradients(bad)
