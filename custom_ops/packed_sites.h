@@ -1,5 +1,5 @@
 // What picasso_tf's lookup kernels share (packed_lookup_ops.cc,
-// stitched_projection_ops.cc): the sites' attributes and inputs, work items,
+// stitched_projection_ops.cc, stacked_tables_ops.cc): the sites' attributes and inputs, work items,
 // grouping entries by packed row, pooled sites' segment indexes and scales, and the
 // layout of stitched ops. Included only by those kernel files; like the rest of
 // their code, its definitions are internal to each (an unnamed namespace).

@@ -63,14 +63,17 @@ class Config:
     same_ids_stacking: where tables always looked up with the same ids are concatenated
       one per part, the same way in each part (MLR's region and learner parts keep a
       width-1 table per feature each), look each feature's tables up once, as the columns
-      of one table copied side by side in each forward pass, and regroup the rows into
-      the parts' concatenations (exact: each table's rows and row-sparse gradient are its
-      own). It stands down where copying the tables would cost more than the lookups it
-      saves (from the tables' sizes and the ids a batch reads: give warmup_data for the
-      batch size), where the rows are used one by one (ONN's field-aware products), with
+      of one table, and regroup the rows into the parts' concatenations (exact: each
+      table's rows and row-sparse gradient are its own). Ids read one by one (one-hot
+      features) read each id's row of every table of its feature; pooled ids are looked
+      up in a copy of the tables side by side, made in each forward pass, so those stand
+      down where the copy would cost more than the lookups it saves (from the tables'
+      sizes and the ids a batch reads: give warmup_data for the batch size). It stands
+      down where the rows are used one by one (ONN's field-aware products), with
       stitching off, under micro_batches other than 1, hybrid_hash, dynamic_vocabulary,
       on several ranks and in the inference graph (a prediction's batch may be small); the
-      report's stacked / stacks_apart say which tables and why.
+      report's stacked (tables_copied: whether through the copy) / stacks_apart say which
+      tables and why.
     interactions: replace a DLRM-style dot interaction (the product of [B, F, d]
       features with themselves, transposed, gathered at constant positions) by one
       kernel computing only the gathered dot products, and its gradient without the

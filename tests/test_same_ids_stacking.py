@@ -8,7 +8,8 @@ import tensorflow as tf
 
 import picasso_tf as picasso
 from exactness import assert_train_alike
-from picasso_tf.ops.stacked_tables import _stack_columns_gradient, stack_columns
+from picasso_tf.ops.stacked_tables import _stack_columns_gradient, stack_columns, stacked_lookup
+from picasso_tf.ops.stitched_lookup import stitched_lookup
 
 FEATURES, PARTS, VOCAB, BATCH, STEPS = 3, 4, 50, 32, 6
 
@@ -38,6 +39,21 @@ def mixture(dim=2, shared=False, ids=1, axis=-1, part0_axis=None):
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(joined))
 
 
+def pooled_mixture(dim=2, ids=3):
+    """PARTS parts, each summing its table per feature over the feature's `ids` ids (a
+    multi-hot feature) and weighing the sums' columns apart."""
+    tf.keras.utils.set_random_seed(3)
+    x = {f"f{i}": tf.keras.Input((ids,), dtype="int64", name=f"f{i}") for i in range(FEATURES)}
+    sums = []
+    for p in range(PARTS):
+        rows = [tf.keras.layers.Lambda(lambda e: tf.reduce_sum(e, axis=1))(
+            tf.keras.layers.Embedding(VOCAB, dim, name=f"part{p}_f{i}")(x[f"f{i}"])) for i in range(FEATURES)]
+        joined = tf.keras.layers.Concatenate()(rows)
+        weights = np.linspace(0.5, 1.5 + p, joined.shape[-1]).astype("float32")
+        sums.append(tf.keras.layers.Lambda(lambda t, w=weights: tf.reduce_sum(t * w, axis=1, keepdims=True))(joined))
+    return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()(sums)))
+
+
 def data(steps=STEPS, seed=0, ids=1):
     rng = np.random.default_rng(seed)
     n = BATCH * steps
@@ -65,8 +81,9 @@ def test_tables_read_with_the_same_ids_are_looked_up_as_one_and_train_exactly(op
     features, labels = data(ids=ids)
     optimized(features)
     stacked = k_packing(optimized)["stacked"]
-    assert [(s["feature"], len(s["tables"]), s["width"]) for s in stacked] == [(f"f{i}", PARTS, 2 * PARTS)
-                                                                            for i in range(FEATURES)]
+    # Ids read one by one: each table's rows read in place, no copy of the tables.
+    assert [(s["feature"], len(s["tables"]), s["width"], s["tables_copied"]) for s in stacked] == [
+        (f"f{i}", PARTS, 2 * PARTS, False) for i in range(FEATURES)]
     # D-packing cut the parts' group into shards, each feature's tables in one of them.
     for s in stacked:
         assert sum(set(s["tables"]) <= set(g["tables"]) for g in plan(optimized)) == 1, plan(optimized)
@@ -75,6 +92,17 @@ def test_tables_read_with_the_same_ids_are_looked_up_as_one_and_train_exactly(op
     inference = k_packing(optimized, "inference")
     assert not inference["stacked"] and all("inference" in s["reason"] for s in inference["stacks_apart"])
     assert_train_alike(baseline, optimized, features, labels, optimizer, BATCH, STEPS, weights_rtol=1e-5)
+
+
+def test_pooled_ids_are_looked_up_in_a_copy_of_the_tables_and_train_exactly():
+    baseline, optimized = pooled_mixture(), picasso.optimize(pooled_mixture())
+    optimized.set_weights(baseline.get_weights())
+    features, labels = data(ids=3)
+    optimized(features)
+    stacked = k_packing(optimized)["stacked"]
+    assert [(s["feature"], len(s["tables"]), s["tables_copied"]) for s in stacked] == [
+        (f"f{i}", PARTS, True) for i in range(FEATURES)]
+    assert_train_alike(baseline, optimized, features, labels, "adagrad", BATCH, STEPS, weights_rtol=1e-5)
 
 
 def test_a_gradient_tape_gets_each_table_s_row_sparse_gradient():
@@ -144,3 +172,39 @@ def test_stack_columns_puts_rows_side_by_side_and_gives_each_table_its_columns_o
             values, indices = session.run(([g.values for g in split], [g.indices for g in split]))
     np.testing.assert_array_equal(np.concatenate(values, axis=1), upstream[:2])
     assert all(list(i) == [4, 1] for i in indices)
+
+
+@pytest.mark.parametrize("dtype, id_dtype, row_blocks, width", [
+    ("float32", "int64", 1, 1), ("float32", "int32", 2, 3), ("float64", "int64", 1, 2)])
+def test_a_stacked_lookup_reads_the_tables_as_a_lookup_of_their_copy_does(dtype, id_dtype, row_blocks, width):
+    rng = np.random.default_rng(4)
+    k, rows, vocabs = 3, 7, [11, 5]
+    stacks = [[tf.constant(rng.normal(size=(v, width)).astype(dtype)) for _ in range(k)] for v in vocabs]
+    ids = [tf.constant(rng.integers(0, v, (rows, row_blocks)).astype(id_dtype)) for v in vocabs]
+    upstream = tf.constant(rng.normal(size=(rows, len(vocabs) * row_blocks * k * width)).astype(dtype))
+    names = ["a", "b"]
+
+    def copied(tables):
+        return stitched_lookup([stack_columns(t) for t in tables], ids, table_index=[0, 1],
+                               columns=[0, row_blocks * k * width], row_blocks=[row_blocks] * 2,
+                               width=2 * row_blocks * k * width, offsets=[0, 0], vocab_sizes=vocabs,
+                               combiners=["none"] * 2, feature_names=names)
+
+    def in_place(tables):
+        return stacked_lookup(tables, ids, row_blocks=row_blocks, vocab_sizes=vocabs, feature_names=names)
+
+    results = []
+    for lookup in (copied, in_place):
+        with tf.GradientTape() as tape:
+            tape.watch([t for stack in stacks for t in stack])
+            out = lookup(stacks)
+        grads = tape.gradient(out, [t for stack in stacks for t in stack], output_gradients=upstream)
+        assert all(isinstance(g, tf.IndexedSlices) for g in grads)
+        results.append((out.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]))
+    np.testing.assert_array_equal(results[1][0], results[0][0])
+    for got, expected in zip(results[1][1], results[0][1]):
+        np.testing.assert_array_equal(got, expected)
+    bad = [ids[0], tf.tensor_scatter_nd_update(ids[1], [[3, 0]], tf.constant([9], ids[1].dtype))]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'b' must lie in \[0, 5\): got 9 at position "
+                                                             f"{3 * row_blocks}"):
+        stacked_lookup(stacks, bad, row_blocks=row_blocks, vocab_sizes=vocabs, feature_names=names)

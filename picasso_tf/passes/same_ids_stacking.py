@@ -7,10 +7,12 @@ read with that feature's ids. A fused lookup's cost is per id far more than per 
 row, so k such tables cost about k lookups, and their rows side by side about one.
 
 The tables are stacked where each of k concatenations (stitches) holds one table of
-every stack, the stacks in the same order (StackedStitches): K-packing puts each stack's
-tables side by side (PicassoStackColumns, a copy of the tables in every forward pass),
-looks every stack up in one stitched lookup, and regroups its columns into the k
-concatenations with one transpose. The values are the original tables', so nothing else
+every stack, the stacks in the same order (StackedStitches): K-packing looks every stack
+up in one lookup and regroups its columns into the k concatenations with one transpose.
+Where the ids are read one by one (one-hot features), that lookup reads each id's row
+of each of a stack's tables (PicassoStackedLookup); pooled ids are looked up in a copy
+of each stack's tables side by side (PicassoStackColumns, in every forward pass) by a
+stitched lookup. The values are the original tables', so nothing else
 changes: checkpoints, optimizer slots, regularisers and tapes see the original
 variables, and each table's gradient is its columns of the stack's row-sparse gradient
 (the same rows, each summed in the same order as its own lookup's).
@@ -21,10 +23,11 @@ their gradients, costs more than the lookups saved (measured: benchmarks.md,
 "Same-ids stacking").
 
 A same-ids set is at least MIN_TABLES tables with the same rows, each read by exactly
-one site, whose sites read the same ids the same way. It is stacked only where it pays:
-the copy of the tables, once per forward pass, against the lookups of the ids it saves
-(COPY_BYTES_PER_SAVED_ID, measured), and only in the training graph: a prediction's batch
-may be far smaller than the training batch the rule weighs.
+one site, whose sites read the same ids the same way. Ids read one by one are always
+stacked; pooled ids only where the copy of the tables, once per forward pass, costs less
+than the lookups of the ids it saves (COPY_BYTES_PER_SAVED_ID, measured), and only in the
+training graph: a prediction's batch may be far smaller than the training batch the
+rule weighs.
 """
 import collections
 import dataclasses
@@ -65,6 +68,12 @@ def why_not_stack(config, distributed, training=True):
     if distributed:
         return "on several ranks a group's rows may be exchanged, which reads them table by table"
     return None
+
+
+def reads_one_by_one(site):
+    """Whether a site's ids are each read as a row of its output (no pooling, no weights):
+    a stack of such sites is looked up without copying its tables."""
+    return site.combiner == "none" and not site.segment_ids and not site.weights
 
 
 def same_ids_sets(sites, tables):
@@ -117,7 +126,8 @@ def find_stacked_stitches(stitches, sets, table_of, accesses, batch_size):
             placed = [table_of(variable) for variable, _ in pairs]
             stacks.append((placed, [site for _, site in pairs]))
         copied = sum(member.rows * site.dim * site.dtype.size
-                     for placed, sites in stacks for (_, member), site in zip(placed, sites))
+                     for placed, sites in stacks for (_, member), site in zip(placed, sites)
+                     if not reads_one_by_one(site))
         saved_ids = sum((len(sites) - 1) * accesses.get(placed[0][1].name, 1.0) * batch for placed, sites in stacks)
         if copied > COPY_BYTES_PER_SAVED_ID * saved_ids:
             apart.append({"tables": [m.name for placed, _ in stacks for _, m in placed], "reason": (
