@@ -1,15 +1,17 @@
-// wide_lr's embedding step as plain C++ loops, which benchmarks/memory_floor.py sets
-// picasso_tf's fused kernels beside. No TensorFlow, no id checks, no deterministic
-// order: the row reads and writes the step cannot avoid, and the arithmetic on them.
+// An embedding step (wide_lr's, or a zoo cell's) as plain C++ loops, which
+// benchmarks/memory_floor.py sets picasso_tf's fused kernels beside. No TensorFlow, no
+// id checks, no deterministic order: the row reads and writes the step cannot avoid,
+// and the arithmetic on them.
 //
 //   memory_floor IDS_FILE REPEATS
 //
-// IDS_FILE: int64 fields, batch, then per field its vocab and width, then the ids
-// [fields][batch]. Two threads, as picasso_tf's intra-op pool on this machine (-DTHREADS=N
+// IDS_FILE: int64 fields, batch, then per field its vocab, width and ids per example
+// (1 for a one-hot field, L for a sequence pooled by sum), then each field's ids
+// [batch][ids per example], -1 for a padded position (skipped). Two threads, as picasso_tf's intra-op pool on this machine (-DTHREADS=N
 // for N); rows prefetched AHEAD ahead (-DAHEAD=N, 8 by default). Prints one line per
 // pass: its name and the median milliseconds over REPEATS.
 //
-//   forward      logit[b] = sum over fields of table_f[id] . w_f (one row read per id)
+//   forward      logit[b] = sum over fields and ids of table_f[id] . w_f (one row read per id)
 //   update       per field: the upstream scalar summed per unique id (the projection's
 //                row gradient is that sum times w_f), then Adagrad on each unique row:
 //                its table row and its accumulator row read and written, w_f's
@@ -58,7 +60,7 @@ struct LineAligned {
 using Rows = std::vector<float, LineAligned<float>>;
 
 struct Field {
-  int64_t vocab, d;
+  int64_t vocab, d, per_example;
   std::vector<int64_t> ids;
   Rows table, acc, both;
   std::vector<float> w, dw, sums;
@@ -91,9 +93,11 @@ void Forward(std::vector<Field>& fields, int64_t batch, std::vector<float>& logi
     const int64_t b0 = batch * t / kThreads, b1 = batch * (t + 1) / kThreads;
     for (auto& f : fields) {
       const int64_t* ids = f.ids.data();
-      for (int64_t b = b0; b < b1; ++b) {
-        if (b + kAhead < b1) Prefetch(f.table.data() + ids[b + kAhead] * f.d, f.d, 0);
-        const float* __restrict row = f.table.data() + ids[b] * f.d;
+      const int64_t n = f.per_example, j1 = b1 * n;
+      for (int64_t j = b0 * n; j < j1; ++j) {
+        if (j + kAhead < j1 && ids[j + kAhead] >= 0) Prefetch(f.table.data() + ids[j + kAhead] * f.d, f.d, 0);
+        if (ids[j] < 0) continue;
+        const float* __restrict row = f.table.data() + ids[j] * f.d;
         const float* __restrict w = f.w.data();
         float sum = 0;
         if (kLinesOnly) {
@@ -101,7 +105,7 @@ void Forward(std::vector<Field>& fields, int64_t batch, std::vector<float>& logi
         } else {
           for (int64_t k = 0; k < f.d; ++k) sum += row[k] * w[k];
         }
-        logits[b] += sum;
+        logits[j / n] += sum;
       }
     }
   });
@@ -110,13 +114,14 @@ void Forward(std::vector<Field>& fields, int64_t batch, std::vector<float>& logi
 // The unique ids of f and the upstream summed per id (in f.sums, indexed by id).
 void SumUpstream(Field& f, const std::vector<float>& dy) {
   f.unique.clear();
-  for (size_t b = 0; b < f.ids.size(); ++b) {
-    const int64_t id = f.ids[b];
+  for (size_t j = 0; j < f.ids.size(); ++j) {
+    const int64_t id = f.ids[j];
+    if (id < 0) continue;
     if (!f.seen[id]) {
       f.seen[id] = 1;
       f.unique.push_back(id);
     }
-    f.sums[id] += dy[b];
+    f.sums[id] += dy[j / f.per_example];
   }
 }
 
@@ -198,14 +203,16 @@ int main(int argc, char** argv) {
   const int64_t num_fields = header[0], batch = header[1];
   std::vector<Field> fields(num_fields);
   for (auto& f : fields) {
-    int64_t shape[2];
-    if (std::fread(shape, sizeof(int64_t), 2, in) != 2) return 2;
+    int64_t shape[3];
+    if (std::fread(shape, sizeof(int64_t), 3, in) != 3) return 2;
     f.vocab = shape[0];
     f.d = shape[1];
+    f.per_example = shape[2];
   }
   for (auto& f : fields) {
-    f.ids.resize(batch);
-    if (std::fread(f.ids.data(), sizeof(int64_t), batch, in) != static_cast<size_t>(batch)) return 2;
+    const size_t n = batch * f.per_example;
+    f.ids.resize(n);
+    if (std::fread(f.ids.data(), sizeof(int64_t), n, in) != n) return 2;
     f.table.assign(f.vocab * f.d, 0.01f);
     f.acc.assign(f.vocab * f.d, 0.1f);
     f.both.assign(f.vocab * f.d * 2, 0.1f);

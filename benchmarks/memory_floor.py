@@ -11,6 +11,11 @@ update with each table row and its accumulator row side by side in one array, a 
 Keras' separate slot variables (which checkpoints hold) do not have.
 
   python benchmarks/memory_floor.py [--rounds 3] [--ahead 8,32]
+  python benchmarks/memory_floor.py --cell alibaba/lr [--rounds 3] [--ahead 8,32]
+
+--cell alibaba/lr runs the floor alone on the zoo's alibaba-like logistic regression (a
+width-1 table per feature, behaviour sequences pooled by sum, their padding skipped),
+whose kernels `benchmarks/zoo_slow_cells.py ceiling alibaba/lr` times inside the step.
 
 The C++ loop is compiled here once per prefetch distance in --ahead (rows prefetched
 ahead; picasso_tf's kernels take 8 to 32 by row size, `PrefetchDistance`, its projection
@@ -45,12 +50,42 @@ def compile_floor(directory, ahead):
     return binary
 
 
-def write_ids(path, schema, features, batch):
-    fields = list(schema.categorical)
+def write_ids(path, schema, features, batch, width=None):
+    """The ids file memory_floor.cc reads: one field per one-hot feature and sequence (its
+    padded positions, id 0, as -1), each of its feature's embedding_dim or of `width`."""
+    fields = list(schema.categorical) + list(schema.sequences)
+    sequences = {f.name for f in schema.sequences}
+    ids = [np.asarray(features[f.name][:batch], np.int64).reshape(batch, -1) for f in fields]
     with open(path, "wb") as out:
         np.array([len(fields), batch], np.int64).tofile(out)
-        np.array([(f.vocab_size, f.embedding_dim) for f in fields], np.int64).tofile(out)
-        np.stack([np.asarray(features[f.name][:batch], np.int64) for f in fields]).tofile(out)
+        np.array([(f.vocab_size, width or f.embedding_dim, x.shape[1]) for f, x in zip(fields, ids)],
+                 np.int64).tofile(out)
+        for f, x in zip(fields, ids):
+            (np.where(x == 0, -1, x) if f.name in sequences else x).tofile(out)
+
+
+def alibaba_lr_floor(rounds, distances):
+    """The floor of the zoo's alibaba/lr cell, per prefetch distance, medians over rounds."""
+    sizes = sections.MODES["full"]
+    data = sections.alibaba_data(sizes, sizes.zoo_batch)
+    batch = sizes.zoo_batch
+    filled = sum(int(np.count_nonzero(data.features[f.name][:batch])) for f in data.schema.sequences)
+    print(f"alibaba/lr: batch {batch}, {len(data.schema.categorical)} one-hot features and "
+          f"{len(data.schema.sequences)} sequences ({filled:,} filled positions), width-1 tables")
+    floors = {a: {name: [] for name in FLOORS} for a in distances}
+    with tempfile.TemporaryDirectory() as scratch:
+        binaries = {a: compile_floor(scratch, a) for a in distances}
+        ids_path = os.path.join(scratch, "ids.bin")
+        write_ids(ids_path, data.schema, data.features, batch, width=1)
+        for r in range(rounds):
+            for a, binary in binaries.items():
+                for name, ms in floor_times(binary, ids_path).items():
+                    floors[a][name].append(ms)
+                print(f"round {r}, floor {a} rows ahead: " + ", ".join(f"{n} {v[-1]:.3f} ms" for n, v in floors[a].items()),
+                      flush=True)
+    for a in distances:
+        floor = {name: float(np.median(v)) for name, v in floors[a].items()}
+        print(f"floor, {a} rows ahead: forward {floor['forward']:.3f} ms, update {floor['update']:.3f} ms")
 
 
 def floor_times(binary, ids_path, repeats=15):
@@ -62,8 +97,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ahead", default="8,32", help="the floor's prefetch distances, in rows")
+    parser.add_argument("--cell", choices=["alibaba/lr"], help="the floor alone, of this zoo cell")
     args = parser.parse_args(argv)
     distances = [int(a) for a in args.ahead.split(",")]
+    if args.cell:
+        alibaba_lr_floor(args.rounds, distances)
+        return
     data, sizes, layouts, tables = prepared(sections.MODES["full"].packing_dims)
     batch = sizes.packing_batch
     kernels = {name: [] for name in KERNELS}
