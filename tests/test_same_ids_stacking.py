@@ -39,15 +39,17 @@ def mixture(dim=2, shared=False, ids=1, axis=-1, part0_axis=None):
     return tf.keras.Model(x, tf.keras.layers.Dense(1, activation="sigmoid")(joined))
 
 
-def pooled_mixture(dim=2, ids=3):
+def pooled_mixture(dim=2, ids=3, one_hot=()):
     """PARTS parts, each summing its table per feature over the feature's `ids` ids (a
-    multi-hot feature) and weighing the sums' columns apart."""
+    multi-hot feature; one id of the features in `one_hot`) and weighing the sums'
+    columns apart."""
     tf.keras.utils.set_random_seed(3)
-    x = {f"f{i}": tf.keras.Input((ids,), dtype="int64", name=f"f{i}") for i in range(FEATURES)}
+    x = {f"f{i}": tf.keras.Input((1 if i in one_hot else ids,), dtype="int64", name=f"f{i}") for i in range(FEATURES)}
+    read = {i: tf.keras.layers.Flatten() if i in one_hot else tf.keras.layers.Lambda(lambda e: tf.reduce_sum(e, axis=1))
+            for i in range(FEATURES)}
     sums = []
     for p in range(PARTS):
-        rows = [tf.keras.layers.Lambda(lambda e: tf.reduce_sum(e, axis=1))(
-            tf.keras.layers.Embedding(VOCAB, dim, name=f"part{p}_f{i}")(x[f"f{i}"])) for i in range(FEATURES)]
+        rows = [read[i](tf.keras.layers.Embedding(VOCAB, dim, name=f"part{p}_f{i}")(x[f"f{i}"])) for i in range(FEATURES)]
         joined = tf.keras.layers.Concatenate()(rows)
         weights = np.linspace(0.5, 1.5 + p, joined.shape[-1]).astype("float32")
         sums.append(tf.keras.layers.Lambda(lambda t, w=weights: tf.reduce_sum(t * w, axis=1, keepdims=True))(joined))
@@ -94,10 +96,13 @@ def test_tables_read_with_the_same_ids_are_looked_up_as_one_and_train_exactly(op
     assert_train_alike(baseline, optimized, features, labels, optimizer, BATCH, STEPS, weights_rtol=1e-5)
 
 
-def test_pooled_ids_are_looked_up_in_a_copy_of_the_tables_and_train_exactly():
-    baseline, optimized = pooled_mixture(), picasso.optimize(pooled_mixture())
+@pytest.mark.parametrize("one_hot", [(), (0,)], ids=["all pooled", "one-hot beside pooled"])
+def test_pooled_ids_are_looked_up_in_a_copy_of_the_tables_and_train_exactly(one_hot):
+    baseline, optimized = pooled_mixture(one_hot=one_hot), picasso.optimize(pooled_mixture(one_hot=one_hot))
     optimized.set_weights(baseline.get_weights())
     features, labels = data(ids=3)
+    for i in one_hot:
+        features[f"f{i}"] = features[f"f{i}"][:, :1]
     optimized(features)
     stacked = k_packing(optimized)["stacked"]
     assert [(s["feature"], len(s["tables"]), s["tables_copied"]) for s in stacked] == [

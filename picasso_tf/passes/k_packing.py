@@ -24,7 +24,7 @@ import tensorflow as tf
 from picasso_tf.distributed.world import current_world
 from picasso_tf.graph.graph_def_util import GraphIndex, canonical, split_tensor_name
 from picasso_tf.ops.stitched_projection import MAX_UNITS
-from picasso_tf.passes.same_ids_stacking import find_stacked_stitches, reads_one_by_one, same_ids_sets, why_not_stack
+from picasso_tf.passes.same_ids_stacking import find_stacked_stitches, same_ids_sets, why_not_stack
 from picasso_tf.passes.sequence_pooling import pool_sequences
 from picasso_tf.passes.sparse_one_hot import read_one_hot_ids
 from picasso_tf.passes.stitching import find_stitches
@@ -130,7 +130,7 @@ def k_packing(program, graph, config):
                          f"rows of width {s.dim}: the model's own product and sum are faster there")
                          for s in unpaid},
                      "stacked": [{"feature": feature_names[s.sites[0].output], "tables": [m.name for m in s.members],
-                                  "width": s.width, "tables_copied": not reads_one_by_one(s.sites[0])}
+                                  "width": s.width, "tables_copied": not family.in_place}
                                  for family in stacked for s in family.stacks],
                      "stacks_apart": stacks_apart}
 
@@ -185,7 +185,7 @@ def _rewrite_stacked_stitches(graph, family, values, feature_names, edits):
     heads = [(stack.members[0], stack.sites[0]) for stack in stacks]
     with tf.name_scope("picasso/stacked/"):
         tables_of = [[values[stack.group][m.variable.ref()] for m in stack.members] for stack in stacks]
-        if reads_one_by_one(first.site):
+        if family.in_place:
             out = stacked_lookup(tables_of, [graph.get_tensor_by_name(site.ids) for _, site in heads],
                                  row_blocks=blocks, vocab_sizes=[member.rows for member, _ in heads],
                                  feature_names=[feature_names[site.output] for _, site in heads])

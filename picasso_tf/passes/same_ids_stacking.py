@@ -9,10 +9,10 @@ row, so k such tables cost about k lookups, and their rows side by side about on
 The tables are stacked where each of k concatenations (stitches) holds one table of
 every stack, the stacks in the same order (StackedStitches): K-packing looks every stack
 up in one lookup and regroups its columns into the k concatenations with one transpose.
-Where the ids are read one by one (one-hot features), that lookup reads each id's row
-of each of a stack's tables (PicassoStackedLookup); pooled ids are looked up in a copy
-of each stack's tables side by side (PicassoStackColumns, in every forward pass) by a
-stitched lookup. The values are the original tables', so nothing else
+Where every stack's ids are read one by one (one-hot features), that lookup reads each
+id's row of each of a stack's tables (PicassoStackedLookup); where some are pooled, the
+stacks are looked up in a copy of each stack's tables side by side (PicassoStackColumns,
+in every forward pass) by a stitched lookup. The values are the original tables', so nothing else
 changes: checkpoints, optimizer slots, regularisers and tapes see the original
 variables, and each table's gradient is its columns of the stack's row-sparse gradient
 (the same rows, each summed in the same order as its own lookup's).
@@ -24,7 +24,7 @@ their gradients, costs more than the lookups saved (measured: benchmarks.md,
 
 A same-ids set is at least MIN_TABLES tables with the same rows, each read by exactly
 one site, whose sites read the same ids the same way. Ids read one by one are always
-stacked; pooled ids only where the copy of the tables, once per forward pass, costs less
+stacked; stacks with pooled ids only where the copy of the tables, once per forward pass, costs less
 than the lookups of the ids it saves (COPY_BYTES_PER_SAVED_ID, measured), and only in the
 training graph: a prediction's batch may be far smaller than the training batch the
 rule weighs.
@@ -72,7 +72,7 @@ def why_not_stack(config, distributed, training=True):
 
 def reads_one_by_one(site):
     """Whether a site's ids are each read as a row of its output (no pooling, no weights):
-    a stack of such sites is looked up without copying its tables."""
+    stacks of only such sites are looked up without copying their tables."""
     return site.combiner == "none" and not site.segment_ids and not site.weights
 
 
@@ -95,9 +95,12 @@ def same_ids_sets(sites, tables):
 class StackedStitches:
     """Concatenations (stitches) each of one table of every stack, the stacks in the same
     order in each: one stitched lookup of the stacks gives them all, its columns regrouped.
-    Member i of every stack is read by a site of stitches[i]."""
+    Member i of every stack is read by a site of stitches[i]. in_place: every site reads
+    its ids one by one, so the lookup reads the tables themselves, else a copy of each
+    stack's tables side by side."""
     stitches: list
     stacks: List[Stack]
+    in_place: bool
 
 
 def find_stacked_stitches(stitches, sets, table_of, accesses, batch_size):
@@ -125,9 +128,9 @@ def find_stacked_stitches(stitches, sets, table_of, accesses, batch_size):
             pairs = sorted(sets[n], key=lambda pair: site_at[id(pair[1])])
             placed = [table_of(variable) for variable, _ in pairs]
             stacks.append((placed, [site for _, site in pairs]))
-        copied = sum(member.rows * site.dim * site.dtype.size
-                     for placed, sites in stacks for (_, member), site in zip(placed, sites)
-                     if not reads_one_by_one(site))
+        in_place = all(reads_one_by_one(site) for _, sites in stacks for site in sites)
+        copied = 0 if in_place else sum(member.rows * site.dim * site.dtype.size
+                                        for placed, sites in stacks for (_, member), site in zip(placed, sites))
         saved_ids = sum((len(sites) - 1) * accesses.get(placed[0][1].name, 1.0) * batch for placed, sites in stacks)
         if copied > COPY_BYTES_PER_SAVED_ID * saved_ids:
             apart.append({"tables": [m.name for placed, _ in stacks for _, m in placed], "reason": (
@@ -138,7 +141,7 @@ def find_stacked_stitches(stitches, sets, table_of, accesses, batch_size):
                           "reason": "packed into different groups"})
         else:
             found.append(StackedStitches(family, [Stack(placed[0][0].name, [m for _, m in placed], sites)
-                                                  for placed, sites in stacks]))
+                                                  for placed, sites in stacks], in_place))
         stacked.update(order)
     for n, pairs in enumerate(sets):
         if n not in stacked:
