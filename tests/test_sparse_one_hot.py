@@ -10,26 +10,31 @@ import tensorflow as tf
 
 import picasso_tf
 from exactness import assert_train_alike
+from picasso_tf.ops.kept_ids import kept_ids
 
 BATCH, VOCAB, DIM = 16, 30, 4
 
 
 class SparseLookups(tf.keras.layers.Layer):
-    """The same [B, 1] ids made sparse two ways, pooled by each combiner; and [B, 3] ids."""
+    """The same [B, 1] ids made sparse three ways, pooled by each combiner; and [B, 3] ids."""
 
     def build(self, shape):
-        self.tables = [self.add_weight(f"t{i}", (VOCAB, DIM), initializer="glorot_uniform") for i in range(4)]
+        self.tables = [self.add_weight(f"t{i}", (VOCAB, DIM), initializer="glorot_uniform") for i in range(5)]
 
     def call(self, x):
         one = x["one"]
         from_dense = tf.sparse.from_dense(one)                          # drops 0
         kept = tf.where(tf.not_equal(one, 7))                           # drops 7, as a feature column its ignored value
         ignoring = tf.SparseTensor(kept, tf.gather_nd(one, kept), tf.shape(one, out_type=tf.int64))
+        kept = tf.where(tf.not_equal(one, -1))                          # drops -1, an int feature column's default
+        ignoring_negative = tf.SparseTensor(kept, tf.gather_nd(one, kept), tf.shape(one, out_type=tf.int64))
         return tf.concat([tf.nn.safe_embedding_lookup_sparse(self.tables[0], from_dense, combiner="sum"),
                           tf.nn.safe_embedding_lookup_sparse(self.tables[1], from_dense, combiner="mean"),
                           tf.nn.safe_embedding_lookup_sparse(self.tables[2], ignoring, combiner="sqrtn"),
                           tf.nn.safe_embedding_lookup_sparse(self.tables[3], tf.sparse.from_dense(x["three"]),
-                                                             combiner="mean")], axis=1)
+                                                             combiner="mean"),
+                          tf.nn.safe_embedding_lookup_sparse(self.tables[4], ignoring_negative, combiner="sum")],
+                         axis=1)
 
 
 def build():
@@ -66,8 +71,8 @@ def test_trains_as_keras_reading_the_one_hot_ids_as_they_are(optimizer):
     original.set_weights(baseline.get_weights())
     features, labels = data(8)
     optimized = picasso_tf.optimize(original, warmup_data=warmup(features, labels))
-    # The [B, 1] ids are read as they are, three times, and the [B, 3] ones, about 60% filled, too.
-    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3 + ["three"], \
+    # The [B, 1] ids are read as they are, four times, and the [B, 3] ones, about 60% filled, too.
+    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3 + ["three", "one"], \
         optimized.picasso.report()
     assert not _k_packing(optimized)["sequences_pooled"] and not _k_packing(optimized)["sparse_ids_kept_sparse"]
     assert_train_alike(baseline, optimized, features, labels, optimizer, BATCH, 8, atol=1e-6, weights_rtol=1e-5)
@@ -90,11 +95,11 @@ def test_longer_ids_stay_sparse_without_warm_up_data_or_where_few_positions_are_
     over its few ids, and how full the sequences are is the data's: measured on the
     warm-up batches, or the [B, 3] ids keep their form and the report says why."""
     unmeasured = _k_packing(picasso_tf.optimize(build()))
-    assert unmeasured["sparse_one_hot_read_as_ids"] == ["one"] * 3
+    assert unmeasured["sparse_one_hot_read_as_ids"] == ["one"] * 4
     assert "pass warmup_data" in unmeasured["sparse_ids_kept_sparse"]["three"]
     sparse = warmup(*data(4, three_filled=0.3))     # about a quarter
     few = _k_packing(picasso_tf.optimize(build(), warmup_data=sparse))
-    assert few["sparse_one_hot_read_as_ids"] == ["one"] * 3
+    assert few["sparse_one_hot_read_as_ids"] == ["one"] * 4
     assert "of its table's 3 positions hold an id in the warm-up batches, under the 40%" in \
         few["sparse_ids_kept_sparse"]["three"]
 
@@ -137,7 +142,7 @@ def test_a_gradient_tape_loop_trains_as_keras_with_the_ids_read_as_they_are():
     baseline, original = build(), build()
     original.set_weights(baseline.get_weights())
     optimized = picasso_tf.optimize(original)
-    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 3
+    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["one"] * 4
     features, labels = data(6)
     loss_fn = tf.keras.losses.BinaryCrossentropy()
     losses = {}
@@ -198,3 +203,20 @@ def test_under_a_lazy_optimizer_the_ids_stay_sparse_and_rows_they_drop_are_not_m
         trained[pooling] = [w.numpy() for w in model.weights]
     for a, b in zip(*trained.values()):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("keep_zero", [False, True])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+def test_the_kept_ids_op_reads_padded_ids_as_the_conversion_keeps_them(keep_zero, id_dtype, dtype):
+    """PicassoKeptIds, the rewrite's one pass over the ids: max(ids, 0), and weights of 1
+    where the conversion keeps an id (> 0; >= 0 where it drops a negative value) and 0
+    elsewhere; more ids than one of its work items, so the pool shares them."""
+    ids = np.random.default_rng(1).integers(-3, 9, (40_000, 2))
+    got_ids, weights = kept_ids(tf.constant(ids, id_dtype), dtype, keep_zero)
+    assert got_ids.dtype == id_dtype and weights.dtype == dtype and weights.shape == (40_000, 2, 1)
+    np.testing.assert_array_equal(got_ids.numpy(), np.maximum(ids, 0))
+    np.testing.assert_array_equal(weights.numpy()[..., 0].astype(np.float64), (ids >= (0 if keep_zero else 1)))
+    static = tf.function(lambda x: kept_ids(x, dtype, keep_zero)).get_concrete_function(
+        tf.TensorSpec([None, 5], id_dtype)).structured_outputs
+    assert static[0].shape.as_list() == [None, 5] and static[1].shape.as_list() == [None, 5, 1]

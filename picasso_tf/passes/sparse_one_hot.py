@@ -34,6 +34,7 @@ import dataclasses
 import tensorflow as tf
 
 from picasso_tf.graph.graph_def_util import canonical
+from picasso_tf.ops.kept_ids import kept_ids
 
 
 # The share of a table's padded positions holding an id from which reading them all pays
@@ -132,6 +133,10 @@ def _match(graph, site):
 _PER_ID = {"Identity": 0, "Cast": 0, "AsString": 0, "StringToHashBucketFast": 0, "StringToHashBucketStrong": 0,
            "StringToHashBucket": 0, "LookupTableFindV2": 1}
 
+# What PicassoKeptIds takes (custom_ops/kept_ids_op.cc); other types go through TF's ops.
+_KEPT_IDS_TYPES = (tf.int32, tf.int64)
+_KEPT_WEIGHT_TYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
 
 def _rewrite(graph, site, dense, transforms, mask, select):
     with graph.as_default(), tf.name_scope("picasso/sparse_one_hot/"):
@@ -147,14 +152,15 @@ def _rewrite(graph, site, dense, transforms, mask, select):
             # and the fused lookup's shape follows its ids'.
             ids = tf.ensure_shape(ids, dense.shape)
         ignored = _ignored_value(mask.op.inputs[1])
-        if not transforms and ignored is not None and ignored <= 0:
-            # The kept ids are the positive ones (0 ignored) or those >= 0: two ops fewer.
-            kept = ids > 0 if ignored == 0 else ids >= 0
-            ids = tf.maximum(ids, tf.zeros_like(ids))
+        if not transforms and ignored is not None and ignored <= 0 and ids.dtype in _KEPT_IDS_TYPES and \
+                tf.as_dtype(site.dtype) in _KEPT_WEIGHT_TYPES:
+            # The kept ids are the positive ones (0 ignored) or those >= 0: one pass over
+            # the ids, not three.
+            ids, weights = kept_ids(ids, site.dtype, keep_zero=ignored < 0)
         else:
             kept = tf.logical_and(mask, ids >= 0)
             ids = tf.where(kept, ids, tf.zeros_like(ids))
-        weights = tf.cast(kept, site.dtype)[..., None]
+            weights = tf.cast(kept, site.dtype)[..., None]
     return dataclasses.replace(site, pattern="sequence", ids=canonical(ids.name), weights=canonical(weights.name),
                                segment_ids=None, num_segments=None, output=canonical(select.outputs[0].name),
                                chain=site.chain + [select.name])

@@ -1,0 +1,92 @@
+// PicassoKeptIds: padded ids as the fused lookups read them, in one pass over the ids.
+//
+// A sequence of ids made sparse by tf.sparse.from_dense (or a feature column) drops its
+// padding; the sparse_one_hot pass reads the padded ids instead, each weighted 1 where
+// the conversion keeps it and 0 where it does not, read as id 0. As TensorFlow ops that
+// is a comparison, a maximum and a cast per feature, each its own pass over the ids and
+// its own kernel launch; here it is one.
+//
+//   kept_ids = max(ids, 0)
+//   weights  = 1 where the id is kept (ids > 0, or ids >= 0 with keep_zero), else 0;
+//              shaped ids.shape + [1], the weights of a lookup pooled by row
+#include <algorithm>
+
+#include "picasso_common.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace {
+
+// Ids a work item covers: below two items' worth the pass runs inline, as waking the
+// pool costs more than it saves.
+constexpr int64_t kIdsPerItem = 1 << 16;
+
+template <typename T, typename Tid>
+class KeptIdsOp : public OpKernel {
+ public:
+  explicit KeptIdsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("keep_zero", &keep_zero_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    Tensor *kept_ids, *weights;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids.shape(), &kept_ids));
+    TensorShape weights_shape = ids.shape();
+    weights_shape.AddDim(1);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, weights_shape, &weights));
+    const Tid* in = ids.flat<Tid>().data();
+    Tid* out = kept_ids->flat<Tid>().data();
+    T* w = weights->flat<T>().data();
+    const int64_t n = ids.NumElements();
+    const Tid lowest_kept = keep_zero_ ? Tid(0) : Tid(1);
+    const int64_t items = (n + kIdsPerItem - 1) / kIdsPerItem;
+    ::picasso::RunWorkItems(ctx, items, items > 1, [&](int64_t item) {
+      const int64_t end = std::min(n, (item + 1) * kIdsPerItem);
+      for (int64_t j = item * kIdsPerItem; j < end; ++j) {
+        const Tid id = in[j];
+        out[j] = std::max(id, Tid(0));
+        w[j] = id >= lowest_kept ? T(1) : T(0);
+      }
+    });
+  }
+
+ private:
+  bool keep_zero_;
+};
+
+REGISTER_OP("PicassoKeptIds")
+    .Input("ids: Tid")
+    .Output("kept_ids: Tid")
+    .Output("weights: T")
+    .Attr("keep_zero: bool")
+    .Attr("T: {half, bfloat16, float, double}")
+    .Attr("Tid: {int32, int64}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      shape_inference::ShapeHandle weights;
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(0), c->Vector(1), &weights));
+      c->set_output(1, weights);
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Padded ids read as ids: max(ids, 0), and weights ids.shape + [1] of 1 where an id is kept
+(ids > 0; ids >= 0 with keep_zero) and 0 where it is not.
+)doc");
+
+#define REGISTER(T, Tid)                                                                  \
+  REGISTER_KERNEL_BUILDER(                                                              \
+      Name("PicassoKeptIds").Device(DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<Tid>("Tid"), \
+      KeptIdsOp<T, Tid>);
+#define REGISTER_IDS(T) REGISTER(T, int32) REGISTER(T, int64_t)
+REGISTER_IDS(Eigen::half)
+REGISTER_IDS(bfloat16)
+REGISTER_IDS(float)
+REGISTER_IDS(double)
+#undef REGISTER_IDS
+#undef REGISTER
+
+}  // namespace
+}  // namespace tensorflow
