@@ -13,9 +13,14 @@ Keras' separate slot variables (which checkpoints hold) do not have.
   python benchmarks/memory_floor.py [--rounds 3] [--ahead 8,32]
   python benchmarks/memory_floor.py --cell alibaba/lr [--rounds 3] [--ahead 8,32]
 
---cell alibaba/lr runs the floor alone on the zoo's alibaba-like logistic regression (a
-width-1 table per feature, behaviour sequences pooled by sum, their padding skipped),
-whose kernels `benchmarks/zoo_slow_cells.py ceiling alibaba/lr` times inside the step.
+--cell alibaba/MODEL runs the floor alone on the ids of a zoo cell on the alibaba-like data
+(lr, dlrm, dcn_v2, xdeepfm): one table per feature of each of the model's widths (its
+builder's default: lr 1, dlrm and dcn_v2 16, xdeepfm 8 and its linear part's 1),
+behaviour sequences pooled by sum, their padding skipped (fewer reads than a model that
+reads padding's row: a floor still). The forward's projection onto a vector stands for
+whatever the model does with the rows, which it does not write out: less work than any
+model's, so a floor still. `benchmarks/zoo_slow_cells.py ceiling alibaba/MODEL` times
+the cell's kernels inside the step.
 
 The C++ loop is compiled here once per prefetch distance in --ahead (rows prefetched
 ahead; picasso_tf's kernels take 8 to 32 by row size, `PrefetchDistance`, its projection
@@ -50,33 +55,42 @@ def compile_floor(directory, ahead):
     return binary
 
 
-def write_ids(path, schema, features, batch, width=None):
-    """The ids file memory_floor.cc reads: one field per one-hot feature and sequence (its
-    padded positions, id 0, as -1), each of its feature's embedding_dim or of `width`."""
-    fields = list(schema.categorical) + list(schema.sequences)
+# The zoo builders' default table widths (models/*.py) on the alibaba-like data; None: the
+# feature's embedding_dim. xdeepfm has a second, linear table of width 1.
+CELL_WIDTHS = {"lr": (1,), "dlrm": (16,), "dcn_v2": (None,), "xdeepfm": (8, 1)}
+
+
+def write_ids(path, schema, features, batch, widths=(None,)):
+    """The ids file memory_floor.cc reads: per width in `widths` (None: the feature's
+    embedding_dim), one field per one-hot feature and sequence (its padded positions, id
+    0, as -1)."""
+    fields = [(f, w) for w in widths for f in list(schema.categorical) + list(schema.sequences)]
     sequences = {f.name for f in schema.sequences}
-    ids = [np.asarray(features[f.name][:batch], np.int64).reshape(batch, -1) for f in fields]
+    ids = [np.asarray(features[f.name][:batch], np.int64).reshape(batch, -1) for f, _ in fields]
     with open(path, "wb") as out:
         np.array([len(fields), batch], np.int64).tofile(out)
-        np.array([(f.vocab_size, width or f.embedding_dim, x.shape[1]) for f, x in zip(fields, ids)],
+        np.array([(f.vocab_size, w or f.embedding_dim, x.shape[1]) for (f, w), x in zip(fields, ids)],
                  np.int64).tofile(out)
-        for f, x in zip(fields, ids):
+        for (f, _), x in zip(fields, ids):
             (np.where(x == 0, -1, x) if f.name in sequences else x).tofile(out)
 
 
-def alibaba_lr_floor(rounds, distances):
-    """The floor of the zoo's alibaba/lr cell, per prefetch distance, medians over rounds."""
+def zoo_cell_floor(cell, rounds, distances):
+    """The floor of a zoo cell on the alibaba-like data, per prefetch distance, medians over rounds."""
+    model = cell.split("/")[1]
     sizes = sections.MODES["full"]
     data = sections.alibaba_data(sizes, sizes.zoo_batch)
     batch = sizes.zoo_batch
+    widths = CELL_WIDTHS[model]
     filled = sum(int(np.count_nonzero(data.features[f.name][:batch])) for f in data.schema.sequences)
-    print(f"alibaba/lr: batch {batch}, {len(data.schema.categorical)} one-hot features and "
-          f"{len(data.schema.sequences)} sequences ({filled:,} filled positions), width-1 tables")
+    shown = ", ".join("the features' own" if w is None else str(w) for w in widths)
+    print(f"{cell}: batch {batch}, {len(data.schema.categorical)} one-hot features and "
+          f"{len(data.schema.sequences)} sequences ({filled:,} filled positions), tables of width {shown}")
     floors = {a: {name: [] for name in FLOORS} for a in distances}
     with tempfile.TemporaryDirectory() as scratch:
         binaries = {a: compile_floor(scratch, a) for a in distances}
         ids_path = os.path.join(scratch, "ids.bin")
-        write_ids(ids_path, data.schema, data.features, batch, width=1)
+        write_ids(ids_path, data.schema, data.features, batch, widths)
         for r in range(rounds):
             for a, binary in binaries.items():
                 for name, ms in floor_times(binary, ids_path).items():
@@ -97,11 +111,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ahead", default="8,32", help="the floor's prefetch distances, in rows")
-    parser.add_argument("--cell", choices=["alibaba/lr"], help="the floor alone, of this zoo cell")
+    parser.add_argument("--cell", choices=[f"alibaba/{m}" for m in CELL_WIDTHS],
+                        help="the floor alone, of this zoo cell")
     args = parser.parse_args(argv)
     distances = [int(a) for a in args.ahead.split(",")]
     if args.cell:
-        alibaba_lr_floor(args.rounds, distances)
+        zoo_cell_floor(args.cell, args.rounds, distances)
         return
     data, sizes, layouts, tables = prepared(sections.MODES["full"].packing_dims)
     batch = sizes.packing_batch
