@@ -22,6 +22,13 @@ whatever the model does with the rows, which it does not write out: less work th
 model's, so a floor still. `benchmarks/zoo_slow_cells.py ceiling alibaba/MODEL` times
 the cell's kernels inside the step.
 
+--cell deepctr/ONN does the same on DeepCTR's ONN at batch 4096 (picasso-bench's DeepCTR
+section): each of the 26 fields' ids read from 25 tables of width 8, one per other field
+(field-aware; its linear part's 26 width-1 tables left out). Its "whole tables" pass is
+the one its default L2 regulariser costs every step: every element of every table and
+its accumulator updated (see memory_floor.cc), which the dense-only bound, without the
+tables, does not pay.
+
 The C++ loop is compiled here once per prefetch distance in --ahead (rows prefetched
 ahead; picasso_tf's kernels take 8 to 32 by row size, `PrefetchDistance`, its projection
 16 to 64), with
@@ -45,7 +52,7 @@ from picasso_tf.tools.benchmarking.stages import stage_times   # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = {"projection": "picasso: projection", "grad + Adagrad": "picasso: grad + Adagrad in the kernel"}
-FLOORS = ("forward", "update", "update, one row", "lines read", "lines updated")
+FLOORS = ("forward", "update", "update, one row", "lines read", "lines updated", "whole tables")
 
 
 def compile_floor(directory, ahead):
@@ -58,39 +65,55 @@ def compile_floor(directory, ahead):
 # The zoo builders' default table widths (models/*.py) on the alibaba-like data; None: the
 # feature's embedding_dim. xdeepfm has a second, linear table of width 1.
 CELL_WIDTHS = {"lr": (1,), "dlrm": (16,), "dcn_v2": (None,), "xdeepfm": (8, 1)}
+# DeepCTR's ONN at batch 4096 (section 8's build): each field's ids read from one table
+# of width 8 per other field (field-aware), every table under its default L2 regulariser.
+ONN_BATCH = 4096
 
 
-def write_ids(path, schema, features, batch, widths=(None,)):
-    """The ids file memory_floor.cc reads: per width in `widths` (None: the feature's
-    embedding_dim), one field per one-hot feature and sequence (its padded positions, id
-    0, as -1)."""
-    fields = [(f, w) for w in widths for f in list(schema.categorical) + list(schema.sequences)]
-    sequences = {f.name for f in schema.sequences}
-    ids = [np.asarray(features[f.name][:batch], np.int64).reshape(batch, -1) for f, _ in fields]
+def write_ids(path, fields, features, batch, sequences=()):
+    """The ids file memory_floor.cc reads: one field per (feature, width, vocab) of
+    `fields`, the feature's ids (a sequence's padded positions, id 0, as -1)."""
+    ids = [np.asarray(features[f.name][:batch], np.int64).reshape(batch, -1) for f, _, _ in fields]
     with open(path, "wb") as out:
         np.array([len(fields), batch], np.int64).tofile(out)
-        np.array([(f.vocab_size, w or f.embedding_dim, x.shape[1]) for (f, w), x in zip(fields, ids)],
-                 np.int64).tofile(out)
-        for (f, _), x in zip(fields, ids):
+        np.array([(vocab, width, x.shape[1]) for (_, width, vocab), x in zip(fields, ids)], np.int64).tofile(out)
+        for (f, _, _), x in zip(fields, ids):
             (np.where(x == 0, -1, x) if f.name in sequences else x).tofile(out)
 
 
-def zoo_cell_floor(cell, rounds, distances):
-    """The floor of a zoo cell on the alibaba-like data, per prefetch distance, medians over rounds."""
-    model = cell.split("/")[1]
+def cell_ids(cell):
+    """(description, fields, features, batch, sequences) of a --cell."""
     sizes = sections.MODES["full"]
+    if cell == "deepctr/ONN":
+        from picasso_tf.tools.benchmarking.deepctr_models import EMBEDDING_DIM
+        data = sections.criteo_data(sizes, ONN_BATCH, sizes.deepctr_vocab - 1)
+        sparse = list(data.schema.categorical)
+        # A table per field and other field: DeepCTR's ONN calls the embeddings of pairs of
+        # distinct fields only.
+        fields = [(f, EMBEDDING_DIM, sizes.deepctr_vocab) for f in sparse for g in sparse if g is not f]
+        return (f"{cell}: batch {ONN_BATCH}, {len(sparse)} features, each read from {len(sparse) - 1} tables of "
+                f"{sizes.deepctr_vocab:,} x {EMBEDDING_DIM}", fields, data.features, ONN_BATCH, ())
+    model = cell.split("/")[1]
     data = sections.alibaba_data(sizes, sizes.zoo_batch)
     batch = sizes.zoo_batch
-    widths = CELL_WIDTHS[model]
+    features = list(data.schema.categorical) + list(data.schema.sequences)
+    fields = [(f, w or f.embedding_dim, f.vocab_size) for w in CELL_WIDTHS[model] for f in features]
     filled = sum(int(np.count_nonzero(data.features[f.name][:batch])) for f in data.schema.sequences)
-    shown = ", ".join("the features' own" if w is None else str(w) for w in widths)
-    print(f"{cell}: batch {batch}, {len(data.schema.categorical)} one-hot features and "
-          f"{len(data.schema.sequences)} sequences ({filled:,} filled positions), tables of width {shown}")
+    shown = ", ".join("the features' own" if w is None else str(w) for w in CELL_WIDTHS[model])
+    return (f"{cell}: batch {batch}, {len(data.schema.categorical)} one-hot features and "
+            f"{len(data.schema.sequences)} sequences ({filled:,} filled positions), tables of width {shown}",
+            fields, data.features, batch, {f.name for f in data.schema.sequences})
+
+
+def cell_floor(cell, rounds, distances):
+    """The floor of a --cell, per prefetch distance, medians over rounds."""
+    description, fields, features, batch, sequences = cell_ids(cell)
+    print(description)
     floors = {a: {name: [] for name in FLOORS} for a in distances}
     with tempfile.TemporaryDirectory() as scratch:
         binaries = {a: compile_floor(scratch, a) for a in distances}
         ids_path = os.path.join(scratch, "ids.bin")
-        write_ids(ids_path, data.schema, data.features, batch, widths)
+        write_ids(ids_path, fields, features, batch, sequences)
         for r in range(rounds):
             for a, binary in binaries.items():
                 for name, ms in floor_times(binary, ids_path).items():
@@ -99,7 +122,8 @@ def zoo_cell_floor(cell, rounds, distances):
                       flush=True)
     for a in distances:
         floor = {name: float(np.median(v)) for name, v in floors[a].items()}
-        print(f"floor, {a} rows ahead: forward {floor['forward']:.3f} ms, update {floor['update']:.3f} ms")
+        print(f"floor, {a} rows ahead: forward {floor['forward']:.3f} ms, update {floor['update']:.3f} ms, "
+              f"whole tables {floor['whole tables']:.3f} ms")
 
 
 def floor_times(binary, ids_path, repeats=15):
@@ -111,12 +135,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ahead", default="8,32", help="the floor's prefetch distances, in rows")
-    parser.add_argument("--cell", choices=[f"alibaba/{m}" for m in CELL_WIDTHS],
-                        help="the floor alone, of this zoo cell")
+    parser.add_argument("--cell", choices=[f"alibaba/{m}" for m in CELL_WIDTHS] + ["deepctr/ONN"],
+                        help="the floor alone, on this cell's ids")
     args = parser.parse_args(argv)
     distances = [int(a) for a in args.ahead.split(",")]
     if args.cell:
-        zoo_cell_floor(args.cell, args.rounds, distances)
+        cell_floor(args.cell, args.rounds, distances)
         return
     data, sizes, layouts, tables = prepared(sections.MODES["full"].packing_dims)
     batch = sizes.packing_batch
@@ -125,7 +149,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as scratch:
         binaries = {a: compile_floor(scratch, a) for a in distances}
         ids_path = os.path.join(scratch, "ids.bin")
-        write_ids(ids_path, data.schema, data.features, batch)
+        features = list(data.schema.categorical) + list(data.schema.sequences)
+        write_ids(ids_path, [(f, f.embedding_dim, f.vocab_size) for f in features], data.features, batch,
+                  {f.name for f in data.schema.sequences})
         for r in range(args.rounds):
             out = stage_times(data.schema, data.features, data.labels, batch, layouts, tables)
             measured = {name.split(" (")[0]: value["ms"] for name, value in out["stages"].items()}
@@ -144,7 +170,8 @@ def main(argv=None):
         floor = {name: float(np.median(v)) for name, v in floors[a].items()}
         print(f"floor, {a} rows ahead: forward {floor['forward']:.2f} ms, update {floor['update']:.2f} ms, "
               f"update with one row per id {floor['update, one row']:.2f} ms; memory only: the forward's lines "
-              f"{floor['lines read']:.2f} ms, the update's {floor['lines updated']:.2f} ms; kernel / floor: "
+              f"{floor['lines read']:.2f} ms, the update's {floor['lines updated']:.2f} ms; whole tables "
+              f"{floor['whole tables']:.2f} ms; kernel / floor: "
               f"projection {kernel['projection'] / floor['forward']:.2f}x, "
               f"grad + Adagrad {kernel['grad + Adagrad'] / floor['update']:.2f}x")
 
