@@ -176,12 +176,16 @@ struct SiteIds {
 template <typename T, typename Tid>
 struct Site : SiteIds<Tid> {
   Combiner combiner = Combiner::kNone;
-  bool pooled = false;                // combiner != "none"
-  const int64_t* segments = nullptr;  // pooled sites: the output row of each id
+  bool pooled = false;  // combiner != "none"
+  // Pooled sites: the output row of each id, or null when the site pools each row of
+  // its ids and no segment ids were written for it (see ReadSites): then entry j pools
+  // into row j / row_length, which the loops over the entries count as they go.
+  const int64_t* segments = nullptr;
+  int64_t row_length = 0;
   int64_t num_segments = 0;
   const T* weights = nullptr;  // null: every weight is 1
-  // A site that pools each row of its ids (see ReadSites) holds the segment ids made
-  // for it here: every copy of the site keeps them alive.
+  // Segment ids written for a site that pools each row of its ids: every copy of the
+  // site keeps them alive.
   Tensor row_segments;
 
   int64_t out_rows() const { return pooled ? num_segments : this->n; }
@@ -226,7 +230,7 @@ Status FirstBadSegment(const char* op, const PackedLayout& layout,
                        const std::vector<Site<T, Tid>>& sites) {
   for (int i = 0; i < static_cast<int>(sites.size()); ++i) {
     const Site<T, Tid>& s = sites[i];
-    for (int64_t j = 0; s.pooled && j < s.n; ++j) {
+    for (int64_t j = 0; s.pooled && s.segments && j < s.n; ++j) {
       if (static_cast<uint64_t>(s.segments[j]) >= static_cast<uint64_t>(s.num_segments)) {
         return errors::InvalidArgument(
             op, ": segment ids of ", layout.Feature(i), " must lie in [0, ", s.num_segments,
@@ -252,28 +256,33 @@ TensorShape OutputShape(const Site<T, Tid>& s, const Tensor& ids, int64_t d) {
 
 // Pooling by row: a pooled site given ids of rank 2 or more and no segment ids pools
 // each row of its ids (the last axis: a sequence feature's [B, L] ids pool into [B, D]),
-// as if its segment ids were j / L. Makes those segment ids; weights then have the
-// ids' shape, or it and [1] (a [B, L, 1] mask).
+// as if its segment ids were j / L. Writes those segment ids if asked to (see
+// ReadSites), else only its row length; weights then have the ids' shape, or it and
+// [1] (a [B, L, 1] mask).
 template <typename T, typename Tid>
-Status PoolByRow(OpKernelContext* ctx, const Tensor& ids, Site<T, Tid>* s) {
+Status PoolByRow(OpKernelContext* ctx, const Tensor& ids, bool write_segment_ids,
+                 Site<T, Tid>* s) {
   TensorShape rows_shape = ids.shape();
   rows_shape.RemoveLastDims(1);
   const int64_t length = ids.dim_size(ids.dims() - 1);
+  s->num_segments = rows_shape.num_elements();
+  s->row_length = length;
+  if (!write_segment_ids) return OkStatus();
   TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({s->n}), &s->row_segments));
   int64_t* segments = s->row_segments.template flat<int64_t>().data();
   for (int64_t j = 0, row = 0; j < s->n; ++row) {  // segment j / L, without a division per id
     for (int64_t k = 0; k < length; ++k) segments[j++] = row;
   }
   s->segments = segments;
-  s->num_segments = rows_shape.num_elements();
   return OkStatus();
 }
 
 // Reads the per-site inputs of PicassoPackedLookup and its gradient, checking shapes.
-
+// Sites that pool by row get segment ids written only with write_row_segment_ids (for
+// loops that read each entry's segment id); otherwise their row length stands for them.
 template <typename T, typename Tid>
 Status ReadSites(OpKernelContext* ctx, const char* op, const PackedLayout& layout,
-                 std::vector<Site<T, Tid>>* sites) {
+                 std::vector<Site<T, Tid>>* sites, bool write_row_segment_ids = false) {
   OpInputList ids, segments, weights, num_segments;
   TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
   TF_RETURN_IF_ERROR(ctx->input_list("segment_ids", &segments));
@@ -304,7 +313,7 @@ Status ReadSites(OpKernelContext* ctx, const char* op, const PackedLayout& layou
     s.combiner = combiner;
     s.pooled = combiner != Combiner::kNone;
     if (by_row) {
-      TF_RETURN_IF_ERROR(PoolByRow(ctx, ids[i], &s));
+      TF_RETURN_IF_ERROR(PoolByRow(ctx, ids[i], write_row_segment_ids, &s));
     } else if (s.pooled) {
       if (segments[i].NumElements() != s.n) {
         return errors::InvalidArgument(
@@ -724,6 +733,10 @@ bool IndexSegments(const Site<T, Tid>& s, int64_t* start, int32_t* perm_buffer,
   const int64_t num_segments = s.num_segments;
   const int64_t* segments = s.segments;
   index->start = start;
+  if (!segments) {  // pooled by row: segment k holds entries [k * L, (k + 1) * L)
+    for (int64_t k = 0; k <= num_segments; ++k) start[k] = k * s.row_length;
+    return true;
+  }
   // Sorted segment ids: note where each segment begins.
   int64_t next = 0;  // the first segment whose start is not yet known
   int64_t j = 0;
@@ -811,9 +824,11 @@ const void* RowAddress(const T* base, Tid id, int64_t d) {
 // summing in the same order as the forward pass. False on a bad segment id.
 template <typename T, typename Tid>
 bool SegmentScales(const Site<T, Tid>& s, T* scale) {
+  if (!scale && !s.segments) return true;  // pooled by row: nothing to check
   if (scale) std::fill(scale, scale + s.num_segments, T(0));
-  for (int64_t j = 0; j < s.n; ++j) {
-    const int64_t seg = s.segments[j];
+  for (int64_t j = 0, row = 0; j < s.n; ++j) {
+    if (!s.segments && j == (row + 1) * s.row_length) ++row;  // pooled by row
+    const int64_t seg = s.segments ? s.segments[j] : row;
     if (static_cast<uint64_t>(seg) >= static_cast<uint64_t>(s.num_segments)) return false;
     if (scale) {
       const T w = s.weights ? s.weights[j] : T(1);

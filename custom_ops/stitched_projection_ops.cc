@@ -697,7 +697,8 @@ class GroupedProjection {
     attrs_ = &attrs;
     const PackedLayout& layout = attrs.layout;
     std::vector<Site<T, Tid>> sites;
-    TF_RETURN_IF_ERROR(ReadSites(ctx, op, layout, &sites));
+    // Its pooled loops read each entry's segment id.
+    TF_RETURN_IF_ERROR(ReadSites(ctx, op, layout, &sites, /*write_row_segment_ids=*/true));
     std::vector<const T*> site_tables;
     std::vector<int64_t> dims;
     TF_RETURN_IF_ERROR(SiteTables(op, layout, attrs.table_index, tables, &sites, &site_tables, &dims));

@@ -481,6 +481,28 @@ def test_pooling_by_row_matches_the_masked_reduction_it_replaces(combiner, weigh
                                    rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("length", [1, 3, 7, 49, 50, 97])
+def test_pooling_by_row_equals_pooling_by_the_same_segment_ids(length):
+    """Without segment ids the kernels count each entry's segment (j // L) along as they
+    go: over 10^5 rows they pool, scale (mean) and sum the gradient exactly as with
+    those segment ids given."""
+    rng = np.random.default_rng(length)
+    rows, vocab = 100_000, 1000
+    table = tf.Variable(rng.standard_normal((vocab, 4)).astype(np.float32))
+    ids = rng.integers(0, vocab, (rows, length))
+    weights = rng.uniform(0.5, 2, (rows, length)).astype(np.float32)
+    upstream = tf.constant(rng.standard_normal((rows, 4)).astype(np.float32))
+    kwargs = dict(offsets=[0], vocab_sizes=[vocab], combiners=["mean"], feature_names=["seq"])
+    with tf.GradientTape(persistent=True) as tape:
+        [by_row] = packed_lookup(table.read_value(), [ids], weights_list=[weights], **kwargs)
+        [by_ids] = packed_lookup(table.read_value(), [ids.reshape(-1)], [np.arange(rows * length) // length],
+                                 [weights.reshape(-1)], [rows], **kwargs)
+        loss_row, loss_ids = tf.reduce_sum(by_row * upstream), tf.reduce_sum(by_ids * upstream)
+    np.testing.assert_array_equal(by_row.numpy(), by_ids.numpy())
+    np.testing.assert_array_equal(tf.convert_to_tensor(tape.gradient(loss_row, table)).numpy(),
+                                  tf.convert_to_tensor(tape.gradient(loss_ids, table)).numpy())
+
+
 def test_pooling_by_row_of_empty_sequences_and_bad_weights():
     table = tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4))
     kwargs = dict(offsets=[0], vocab_sizes=[3], combiners=["mean"], feature_names=["seq"])
