@@ -502,8 +502,8 @@ void SumContributions(const std::vector<Site<T, Tid>>& sites,
     const uint32_t* inverse = c.inverse.get() + c.site_begin[k];
     const T* scale = scales[i];
     const RowPlace<const T> grad = grads[i];
-    // A site pooled by row reads its segments' gradient rows in order: its segment is
-    // counted along (no divide), and the hardware prefetches those rows.
+    // A site pooled by row reads its segments' gradient rows in ascending order, one
+    // row per L entries: its segment is counted along (no divide) and not prefetched.
     const bool by_row = s.pooled && !s.segments;
     int64_t row = 0, row_end = s.row_length;
     for (int64_t j = 0; j < s.n; ++j) {
@@ -518,7 +518,9 @@ void SumContributions(const std::vector<Site<T, Tid>>& sites,
       // Entry j reads gradient row j (combiner "none") or that of its segment.
       if (j + ahead < s.n) {
         PrefetchBytes(out + inverse[j + ahead] * width, width * sizeof(T));
-        if (!by_row) PrefetchBytes(grad(s.pooled ? s.segments[j + ahead] : j + ahead), width * sizeof(T));
+        if (!by_row) {
+          PrefetchBytes(grad(s.pooled ? s.segments[j + ahead] : j + ahead), width * sizeof(T));
+        }
       }
       const int64_t src = by_row ? row : s.pooled ? s.segments[j] : j;
       if (scale) w *= scale[src];

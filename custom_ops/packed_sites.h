@@ -178,8 +178,9 @@ struct Site : SiteIds<Tid> {
   Combiner combiner = Combiner::kNone;
   bool pooled = false;  // combiner != "none"
   // Pooled sites: the output row of each id, or null when the site pools each row of
-  // its ids and no segment ids were written for it (see ReadSites): then entry j pools
-  // into row j / row_length, which the loops over the entries count as they go.
+  // its ids and no segment ids were written for it (see ReadSites; or when it has no
+  // ids): then entry j pools into row j / row_length, which the loops work out from
+  // their position (no divide per entry).
   const int64_t* segments = nullptr;
   int64_t row_length = 0;
   int64_t num_segments = 0;

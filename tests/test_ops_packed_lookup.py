@@ -481,18 +481,19 @@ def test_pooling_by_row_matches_the_masked_reduction_it_replaces(combiner, weigh
                                    rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("length", [1, 3, 7, 49, 50, 97])
-def test_pooling_by_row_equals_pooling_by_the_same_segment_ids(length):
-    """Without segment ids the kernels count each entry's segment (j // L) along as they
-    go: over 10^5 rows they pool, scale (mean) and sum the gradient exactly as with
-    those segment ids given."""
+@pytest.mark.parametrize("length, combiner", [(1, "mean"), (3, "mean"), (7, "mean"), (49, "mean"), (50, "mean"),
+                                              (97, "mean"), (3, "sum"), (49, "sum"), (3, "sqrtn"), (49, "sqrtn")])
+def test_pooling_by_row_equals_pooling_by_the_same_segment_ids(length, combiner):
+    """Without segment ids the kernels work out each entry's segment (j // L) from its
+    position: over 10^5 rows they pool, scale and sum the gradient exactly as with those
+    segment ids given."""
     rng = np.random.default_rng(length)
     rows, vocab = 100_000, 1000
     table = tf.Variable(rng.standard_normal((vocab, 4)).astype(np.float32))
     ids = rng.integers(0, vocab, (rows, length))
     weights = rng.uniform(0.5, 2, (rows, length)).astype(np.float32)
     upstream = tf.constant(rng.standard_normal((rows, 4)).astype(np.float32))
-    kwargs = dict(offsets=[0], vocab_sizes=[vocab], combiners=["mean"], feature_names=["seq"])
+    kwargs = dict(offsets=[0], vocab_sizes=[vocab], combiners=[combiner], feature_names=["seq"])
     with tf.GradientTape(persistent=True) as tape:
         [by_row] = packed_lookup(table.read_value(), [ids], weights_list=[weights], **kwargs)
         [by_ids] = packed_lookup(table.read_value(), [ids.reshape(-1)], [np.arange(rows * length) // length],
@@ -506,7 +507,10 @@ def test_pooling_by_row_equals_pooling_by_the_same_segment_ids(length):
 def test_pooling_by_row_of_empty_sequences_and_bad_weights():
     table = tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4))
     kwargs = dict(offsets=[0], vocab_sizes=[3], combiners=["mean"], feature_names=["seq"])
-    [out] = packed_lookup(table, [tf.zeros((4, 0), tf.int64)], **kwargs)
+    variable = tf.Variable(table)
+    with tf.GradientTape() as tape:
+        [out] = packed_lookup(variable.read_value(), [tf.zeros((4, 0), tf.int64)], **kwargs)
     np.testing.assert_array_equal(out.numpy(), np.zeros((4, 4)))
+    np.testing.assert_array_equal(tf.convert_to_tensor(tape.gradient(out, variable)).numpy(), np.zeros((3, 4)))
     with pytest.raises(tf.errors.InvalidArgumentError, match="weights of feature 'seq'"):
         packed_lookup(table, [tf.zeros((4, 2), tf.int64)], weights_list=[tf.ones((4, 1, 1))], **kwargs)
