@@ -10,6 +10,7 @@
 //   weights  = 1 where the id is kept (ids > 0, or ids >= 0 with keep_zero), else 0;
 //              shaped ids.shape + [1], the weights of a lookup pooled by row
 #include <algorithm>
+#include <vector>
 
 #include "picasso_common.h"
 #include "tensorflow/core/framework/op.h"
@@ -57,6 +58,63 @@ class KeptIdsOp : public OpKernel {
   bool keep_zero_;
 };
 
+// The kept ids alone, as the conversion leaves them: the fused lookups then pool only
+// them, by segment, and never read a dropped position. Two passes over the ids in work
+// items of whole rows: each item counts what it keeps, then writes it where the counts of
+// the items before it end.
+template <typename Tid>
+class KeptSegmentsOp : public OpKernel {
+ public:
+  explicit KeptSegmentsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("keep_zero", &keep_zero_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    OP_REQUIRES(ctx, ids.dims() == 2,
+                errors::InvalidArgument("PicassoKeptSegments takes ids [batch, length], got shape ",
+                                        ids.shape().DebugString()));
+    const int64_t rows = ids.dim_size(0), length = ids.dim_size(1);
+    const Tid* in = ids.flat<Tid>().data();
+    const Tid lowest_kept = keep_zero_ ? Tid(0) : Tid(1);
+    const int64_t rows_per_item = std::max<int64_t>(1, kIdsPerItem / std::max<int64_t>(length, 1));
+    const int64_t items = (rows + rows_per_item - 1) / rows_per_item;
+    const bool parallel = items > 1;
+    std::vector<int64_t> starts(items + 1, 0);
+    ::picasso::RunWorkItems(ctx, items, parallel, [&](int64_t item) {
+      const int64_t begin = item * rows_per_item * length;
+      const int64_t end = std::min(rows, (item + 1) * rows_per_item) * length;
+      int64_t kept = 0;
+      for (int64_t j = begin; j < end; ++j) kept += in[j] >= lowest_kept;
+      starts[item + 1] = kept;
+    });
+    for (int64_t item = 0; item < items; ++item) starts[item + 1] += starts[item];
+    Tensor *kept_ids, *segment_ids, *num_segments;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({starts[items]}), &kept_ids));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({starts[items]}), &segment_ids));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &num_segments));
+    num_segments->scalar<int64_t>()() = rows;
+    Tid* out = kept_ids->flat<Tid>().data();
+    int64_t* segments = segment_ids->flat<int64_t>().data();
+    ::picasso::RunWorkItems(ctx, items, parallel, [&](int64_t item) {
+      int64_t k = starts[item];
+      const int64_t last_row = std::min(rows, (item + 1) * rows_per_item);
+      for (int64_t row = item * rows_per_item; row < last_row; ++row) {
+        const Tid* row_ids = in + row * length;
+        for (int64_t j = 0; j < length; ++j) {
+          if (row_ids[j] >= lowest_kept) {
+            out[k] = row_ids[j];
+            segments[k++] = row;
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  bool keep_zero_;
+};
+
 REGISTER_OP("PicassoKeptIds")
     .Input("ids: Tid")
     .Output("kept_ids: Tid")
@@ -75,6 +133,32 @@ REGISTER_OP("PicassoKeptIds")
 Padded ids read as ids: max(ids, 0), and weights ids.shape + [1] of 1 where an id is kept
 (ids > 0; ids >= 0 with keep_zero) and 0 where it is not.
 )doc");
+
+REGISTER_OP("PicassoKeptSegments")
+    .Input("ids: Tid")
+    .Output("kept_ids: Tid")
+    .Output("segment_ids: int64")
+    .Output("num_segments: int64")
+    .Attr("keep_zero: bool")
+    .Attr("Tid: {int32, int64}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &ids));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->output(0));
+      c->set_output(2, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Padded ids [batch, length] as the ids a conversion to a SparseTensor keeps (ids > 0; ids
+>= 0 with keep_zero), in order: kept_ids, the row of each (segment_ids) and the number of
+rows (num_segments).
+)doc");
+
+REGISTER_KERNEL_BUILDER(
+    Name("PicassoKeptSegments").Device(DEVICE_CPU).TypeConstraint<int32>("Tid"), KeptSegmentsOp<int32>);
+REGISTER_KERNEL_BUILDER(
+    Name("PicassoKeptSegments").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tid"), KeptSegmentsOp<int64_t>);
 
 #define REGISTER(T, Tid)                                                                  \
   REGISTER_KERNEL_BUILDER(                                                              \

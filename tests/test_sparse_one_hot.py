@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import picasso_tf
 from exactness import assert_train_alike
-from picasso_tf.ops.kept_ids import kept_ids
+from picasso_tf.ops.kept_ids import kept_ids, kept_segments
 
 BATCH, VOCAB, DIM = 16, 30, 4
 
@@ -220,3 +220,24 @@ def test_the_kept_ids_op_reads_padded_ids_as_the_conversion_keeps_them(keep_zero
     static = tf.function(lambda x: kept_ids(x, dtype, keep_zero)).get_concrete_function(
         tf.TensorSpec([None, 5], id_dtype)).structured_outputs
     assert static[0].shape.as_list() == [None, 5] and static[1].shape.as_list() == [None, 5, 1]
+
+
+@pytest.mark.parametrize("keep_zero", [False, True])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_the_kept_segments_op_keeps_the_ids_the_conversion_keeps_in_order(keep_zero, id_dtype):
+    """PicassoKeptSegments, what the rewrite reads of longer ids: the ids the conversion
+    keeps (> 0; >= 0 where it drops a negative value) in row-major order, the row of each
+    and the number of rows; over more ids than one of its work items, so the pool shares
+    them and each item writes after the ones before; no ids or no rows give empty ids."""
+    ids = np.random.default_rng(2).integers(-3, 9, (3_000, 50))
+    ids[::7] = 0                                    # rows with no id left
+    for shape in [ids.shape, (4, 0), (0, 5)]:
+        given = ids[:shape[0], :shape[1]]
+        got, rows, count = kept_segments(tf.constant(given, id_dtype), keep_zero)
+        want_rows, columns = np.nonzero(given >= (0 if keep_zero else 1))
+        assert got.dtype == id_dtype and rows.dtype == tf.int64 and int(count) == shape[0]
+        np.testing.assert_array_equal(got.numpy(), given[want_rows, columns])
+        np.testing.assert_array_equal(rows.numpy(), want_rows)
+    static = tf.function(lambda x: kept_segments(x, keep_zero)).get_concrete_function(
+        tf.TensorSpec([None, 5], id_dtype)).structured_outputs
+    assert [t.shape.as_list() for t in static] == [[None], [None], []]

@@ -34,7 +34,7 @@ import dataclasses
 import tensorflow as tf
 
 from picasso_tf.graph.graph_def_util import canonical
-from picasso_tf.ops.kept_ids import kept_ids
+from picasso_tf.ops.kept_ids import kept_ids, kept_segments
 
 
 # The share of a table's padded positions holding an id from which reading them all pays
@@ -152,6 +152,13 @@ def _rewrite(graph, site, dense, transforms, mask, select):
             # and the fused lookup's shape follows its ids'.
             ids = tf.ensure_shape(ids, dense.shape)
         ignored = _ignored_value(mask.op.inputs[1])
+        if not transforms and ignored is not None and ignored <= 0 and ids.dtype in _KEPT_IDS_TYPES and \
+                dense.shape[1] > 1:
+            ids, segment_ids, num_segments = kept_segments(ids, keep_zero=ignored < 0)
+            return dataclasses.replace(site, pattern="sparse", ids=canonical(ids.name),
+                                       segment_ids=canonical(segment_ids.name),
+                                       num_segments=canonical(num_segments.name),
+                                       output=canonical(select.outputs[0].name), chain=site.chain + [select.name])
         if not transforms and ignored is not None and ignored <= 0 and ids.dtype in _KEPT_IDS_TYPES and \
                 tf.as_dtype(site.dtype) in _KEPT_WEIGHT_TYPES:
             # The kept ids are the positive ones (0 ignored) or those >= 0: one pass over
