@@ -4,10 +4,12 @@ dropping an ignored value, for tf.nn.safe_embedding_lookup_sparse, which drops
 negative ids, gives rows with no id zeros, and pools the rest by segment. Per feature
 and step that is a dozen small ops around the lookup (Where, GatherNd, SparseReshape,
 the pruning gathers, SparseFillEmptyRows, the empty rows' Select), kept by the fused
-lookup of the "sparse" pattern. Here such a lookup becomes a lookup pooled by row of
-the ids as they are, each weighted 1 where the conversion keeps it and 0 where it does
-not (read as id 0): the same sums, means and square-root means, and zeros where no id
-is left, as the kernels divide like div_no_nan.
+lookup of the "sparse" pattern. Here such a lookup reads the ids as they are, in one op:
+[B, 1] ids pooled by row, each weighted 1 where the conversion keeps it and 0 where it
+does not (read as id 0); [B, L] ids as the ids the conversion keeps and the row of each
+(PicassoKeptSegments), so that the kernels never pass over the padding. The same sums,
+means and square-root means, and zeros where no id is left, as the kernels divide like
+div_no_nan.
 
 Matched on a tf.Graph with static shapes, from the site back (whatever is computed from
 the site's pooled rows must end in the Select; the conversion's ops may serve other
@@ -23,10 +25,9 @@ where f is none, one or several ops applied to each kept id (a cast, a hash, a
 vocabulary's lookup: _PER_ID), which the rewrite applies to every id of D instead.
 
 D of shape [B, 1], or [B, L] when warm-up data measured its table's positions at least
-MIN_FILL filled: over a sequence with few positions filled, the kernels' pass over every
-position (padding is checked, not read) costs more than the conversion
-(benchmarks/padded_ids.py), and how full a sequence is belongs to the data, so without
-warm-up data longer ids keep their form.
+MIN_FILL filled: over a sequence with few positions filled, reading the ids gains
+nothing over the conversion (benchmarks/padded_ids.py), and how full a sequence is
+belongs to the data, so without warm-up data longer ids keep their form.
 """
 import collections
 import dataclasses
@@ -37,17 +38,16 @@ from picasso_tf.graph.graph_def_util import canonical
 from picasso_tf.ops.kept_ids import kept_ids, kept_segments
 
 
-# The share of a table's padded positions holding an id from which reading them all pays
-# (benchmarks/padded_ids.py: slower at a fifth filled, even at three tenths, faster at half;
-# docs/benchmarks.md).
+# The share of a table's padded positions holding an id from which reading them pays
+# (benchmarks/padded_ids.py; docs/benchmarks.md).
 MIN_FILL = 0.4
 
 
 def read_one_hot_ids(graph, sites, statistics, refused=None):
     """(sites, outputs, kept): the sites of a tf.Graph holding the captured graph, each
-    safe_embedding_lookup_sparse of padded ids made sparse replaced by a lookup pooled by
-    row of the ids themselves where that pays; the outputs of the sites so replaced; and
-    {output: why} of those left sparse (every [B, L] one that does not pay; every one when
+    safe_embedding_lookup_sparse of padded ids made sparse replaced by a lookup of the
+    ids themselves where that pays; the outputs of the sites so replaced; and {output:
+    why} of those left sparse (every [B, L] one that does not pay; every one when
     `refused`, a reason, says none may be read so). statistics: the Program's."""
     matches = {id(site): _match(graph, site) for site in sites}
     fill = _fill_by_table(sites, matches, statistics)
@@ -60,8 +60,8 @@ def read_one_hot_ids(graph, sites, statistics, refused=None):
         if match is not None and length > 1 and fill.get(site.variable_name, 0.0) < MIN_FILL:
             if site.variable_name in fill:
                 kept[site.output] = (f"{fill[site.variable_name]:.0%} of its table's {length} positions hold an id "
-                                     f"in the warm-up batches, under the {MIN_FILL:.0%} from which reading every "
-                                     "position pays")
+                                     f"in the warm-up batches, under the {MIN_FILL:.0%} from which reading them "
+                                     "pays")
             elif statistics.batch_size is not None:
                 kept[site.output] = (f"{length} padded positions whose fill the warm-up cannot tell: their table "
                                      "is also read by other lookups, whose ids it counts with theirs")
@@ -133,12 +133,24 @@ def _match(graph, site):
 _PER_ID = {"Identity": 0, "Cast": 0, "AsString": 0, "StringToHashBucketFast": 0, "StringToHashBucketStrong": 0,
            "StringToHashBucket": 0, "LookupTableFindV2": 1}
 
-# What PicassoKeptIds takes (custom_ops/kept_ids_op.cc); other types go through TF's ops.
+# What PicassoKeptIds and PicassoKeptSegments take (custom_ops/kept_ids_op.cc); other
+# types go through TF's ops.
 _KEPT_IDS_TYPES = (tf.int32, tf.int64)
 _KEPT_WEIGHT_TYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 
+def _kept_segments_read(dense, transforms, mask):
+    """Whether PicassoKeptSegments can read the ids as the conversion keeps them: ids of
+    its types, taken as they are, with a constant dropped value <= 0 (so that the kept ids
+    are those > 0, or >= 0)."""
+    ignored = _ignored_value(mask.op.inputs[1])
+    return not transforms and ignored is not None and ignored <= 0 and dense.dtype in _KEPT_IDS_TYPES
+
+
 def _rewrite(graph, site, dense, transforms, mask, select):
+    """The site reading `dense`: [B, L] ids as the kept ids alone with their rows, so that
+    the kernels never pass over the padding, where one op can tell them; else pooled by
+    row, each id weighted by whether the conversion keeps it."""
     with graph.as_default(), tf.name_scope("picasso/sparse_one_hot/"):
         ids = dense
         for op in transforms:
@@ -151,26 +163,24 @@ def _rewrite(graph, site, dense, transforms, mask, select):
             # One id per id; said in the graph, as a vocabulary's shape function cannot tell
             # and the fused lookup's shape follows its ids'.
             ids = tf.ensure_shape(ids, dense.shape)
-        ignored = _ignored_value(mask.op.inputs[1])
-        if not transforms and ignored is not None and ignored <= 0 and ids.dtype in _KEPT_IDS_TYPES and \
-                dense.shape[1] > 1:
-            ids, segment_ids, num_segments = kept_segments(ids, keep_zero=ignored < 0)
+        one_pass = _kept_segments_read(dense, transforms, mask)
+        keep_zero = one_pass and _ignored_value(mask.op.inputs[1]) < 0
+        replaced = dict(output=canonical(select.outputs[0].name), chain=site.chain + [select.name])
+        if one_pass and dense.shape[1] > 1:
+            ids, segment_ids, num_segments = kept_segments(ids, keep_zero)
             return dataclasses.replace(site, pattern="sparse", ids=canonical(ids.name),
                                        segment_ids=canonical(segment_ids.name),
-                                       num_segments=canonical(num_segments.name),
-                                       output=canonical(select.outputs[0].name), chain=site.chain + [select.name])
-        if not transforms and ignored is not None and ignored <= 0 and ids.dtype in _KEPT_IDS_TYPES and \
-                tf.as_dtype(site.dtype) in _KEPT_WEIGHT_TYPES:
+                                       num_segments=canonical(num_segments.name), **replaced)
+        if one_pass and tf.as_dtype(site.dtype) in _KEPT_WEIGHT_TYPES:
             # The kept ids are the positive ones (0 ignored) or those >= 0: one pass over
             # the ids, not three.
-            ids, weights = kept_ids(ids, site.dtype, keep_zero=ignored < 0)
+            ids, weights = kept_ids(ids, site.dtype, keep_zero)
         else:
             kept = tf.logical_and(mask, ids >= 0)
             ids = tf.where(kept, ids, tf.zeros_like(ids))
             weights = tf.cast(kept, site.dtype)[..., None]
     return dataclasses.replace(site, pattern="sequence", ids=canonical(ids.name), weights=canonical(weights.name),
-                               segment_ids=None, num_segments=None, output=canonical(select.outputs[0].name),
-                               chain=site.chain + [select.name])
+                               segment_ids=None, num_segments=None, **replaced)
 
 
 def _empty_rows_select(out, fill):
