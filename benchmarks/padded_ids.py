@@ -5,9 +5,10 @@ picasso_tf fuses both: `tf.sparse.from_dense` + `tf.nn.safe_embedding_lookup_spa
 (the zoo's DLRM; the fused lookup reads only the kept ids, and the model's own
 `Where` / `GatherNd` / `SparseFillEmptyRows` stay), or a lookup of every position summed
 with a weight `id != 0` (sequence pooling: no conversion, but the fused kernels pass over
-every position, checking padding but not reading its rows). Which is faster decides
-when the pass reading the first as the second (picasso_tf/passes/sparse_one_hot.py,
-given warm-up data to measure the fill) pays: its MIN_FILL.
+every position, checking padding but not reading its rows). Whether reading the first's
+ids as they are (picasso_tf/passes/sparse_one_hot.py, given warm-up data to measure the
+fill: the kept ids alone, with their rows, in one op) is faster than its conversion
+decides the pass's MIN_FILL.
 
   python benchmarks/padded_ids.py [--fills 0.05,0.2,0.5,0.9] [--batch 1024]
 
