@@ -2,23 +2,22 @@
 
 A model that pools padded ids [B, L] (0 = no id) can write the pooling two ways, and
 picasso_tf fuses both: `tf.sparse.from_dense` + `tf.nn.safe_embedding_lookup_sparse`
-(the zoo's DLRM; the fused lookup reads only the kept ids, and the model's own
-`Where` / `GatherNd` / `SparseFillEmptyRows` stay), or a lookup of every position summed
-with a weight `id != 0` (sequence pooling: no conversion, but the fused kernels pass over
-every position, checking padding but not reading its rows). Whether reading the first's
-ids as they are (picasso_tf/passes/sparse_one_hot.py, given warm-up data to measure the
-fill: the kept ids alone, with their rows, in one op) is faster than its conversion
-decides the pass's MIN_FILL.
+(the zoo's DLRM), or a lookup of every position summed with a weight `id != 0`
+(sequence pooling: no conversion, but the fused kernels pass over every position,
+checking padding but not reading its rows). The first's ids are read as they are
+(picasso_tf/passes/sparse_one_hot.py: the kept ids alone, with their rows, in one op)
+at every fill; with sequence_pooling=False its conversion's ops stay and the fused
+lookup reads only the kept ids they give.
 
   python benchmarks/padded_ids.py [--fills 0.05,0.2,0.5,0.9] [--batch 1024]
 
 Six such features (L = 50, 10,000 ids, width 16) feeding a small MLP, Adagrad, a cached
 `tf.data` pipeline; per fill (the mean share of non-padding positions: lengths uniform
-in [0, 2 * fill * L]) three models under picasso_tf: the from_dense one optimized
-without warm-up data (its sparse form kept), the same with two warm-up batches (read as
-ids where they are filled enough: the output says how many features were), and the
-masked one; timed interleaved by the suite's `measure` (5 rounds of at least 1 s each);
-prints their samples/s and per-round ratios to the first (above 1: faster).
+in [0, 2 * fill * L]) three models under picasso_tf: the from_dense one with
+sequence_pooling=False (its sparse form kept), the same at the defaults (the output says
+how many features were read as ids), and the masked one; timed interleaved by the
+suite's `measure` (5 rounds of at least 1 s each); prints their samples/s and per-round
+ratios to the first (above 1: faster).
 """
 import argparse
 import os
@@ -84,10 +83,10 @@ def main(argv=None):
     for fill in (float(f) for f in args.fills.split(",")):
         data = dataset(fill, args.batch)
         variants, read = [], None
-        for name, bag, warmup in (("sparse", SparseBag, None), ("read", SparseBag, data.take(2)),
-                                  ("masked", MaskedBag, None)):
+        for name, bag, pooling in (("sparse", SparseBag, False), ("read", SparseBag, True),
+                                   ("masked", MaskedBag, True)):
             tf.keras.utils.set_random_seed(0)
-            model = picasso_tf.optimize(build(bag), warmup_data=warmup)
+            model = picasso_tf.optimize(build(bag), sequence_pooling=pooling)
             if name == "read":
                 k_packing = next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing")
                 read = len(k_packing["sparse_one_hot_read_as_ids"])
@@ -95,7 +94,7 @@ def main(argv=None):
             variants.append(Variant(name, model, data, args.batch))
         result = measure(variants, rounds=5, steps=100, warmup_steps=10, min_window_s=1.0,
                          pairs=[("read", "sparse"), ("masked", "sparse")])
-        print(f"fill {fill:.2f} ({fill * LENGTH:.0f} of {LENGTH} ids; with warm-up data {read} of {FEATURES} "
+        print(f"fill {fill:.2f} ({fill * LENGTH:.0f} of {LENGTH} ids; {read} of {FEATURES} "
               f"features read as ids), load {result['load_average'][0][0]:.1f}->{result['load_average'][1][0]:.1f}:",
               flush=True)
         print("\n".join("  " + line for line in summary_lines(result)), flush=True)

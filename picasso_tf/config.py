@@ -58,9 +58,8 @@ class Config:
       would move the rows they read, nor on several ranks); the report's
       sparse_one_hot_read_as_ids names them. Padded [B, L] ids made sparse so are read
       as the ids the conversion keeps and the row of each, in one op (the kernels never
-      pass over the padding), where warm-up data shows at least 40% of their positions
-      filled (below, reading them gains nothing over the conversion); the report's
-      sparse_ids_kept_sparse says why the others kept their form.
+      pass over the padding); the report's sparse_ids_kept_sparse says why any kept
+      their form.
     same_ids_stacking: where tables always looked up with the same ids are concatenated
       one per part, the same way in each part (MLR's region and learner parts keep a
       width-1 table per feature each), look each feature's tables up once, as the columns

@@ -41,15 +41,17 @@ _ID_PASSTHROUGH = {**dict.fromkeys(("Identity", "Cast", "Reshape", "ExpandDims",
 
 def _why_sparse_ids_stay_sparse(config):
     """Why no padded ids made sparse may be read as they are under `config`, or None.
-    Read so, the positions the conversion drops are looked up (as id 0, or the ignored
-    value itself, weighted 0): rows the sparse form never touches."""
+    Read so, they look up other rows than the sparse form: [B, 1] ids the positions it
+    drops (weighted 0), [B, L] ids not the default id it gives a row left with no id."""
     if config.lazy_optimizer:
-        return ("lazy_optimizer: the rows its dropped positions would read, weighted 0, count as touched, "
-                "and a lazy update moves a touched row even where its gradient is 0")
+        return ("lazy_optimizer: read as they are, the ids would touch other rows than the sparse form's "
+                "(the positions it drops, weighted 0; not the id 0 it gives a row of no ids), and a lazy "
+                "update moves exactly the touched rows")
     if config.dynamic_vocabulary or config.hybrid_hash:
-        return "a vocabulary or hash table would count the ids read with weight 0 as looked up"
+        return ("a vocabulary or hash table would count other ids as looked up than the sparse form's (the "
+                "positions it drops; not the id 0 it gives a row of no ids)")
     if current_world().distributed:
-        return "on several ranks the exchange would carry the ids read with weight 0 (not done there)"
+        return "on several ranks the exchange would carry other ids than the sparse form's (not done there)"
     return None
 
 
@@ -67,8 +69,7 @@ def k_packing(program, graph, config):
     edits.removed |= stand_in_nodes
     sites, unpaid, one_hot_read, kept_sparse = analysis.sites, [], [], {}
     if config.sequence_pooling:
-        sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, program.statistics,
-                                                            _why_sparse_ids_stay_sparse(config))
+        sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, _why_sparse_ids_stay_sparse(config))
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
             [captured.regularization_loss] if captured.regularization_loss else [])
         sites, shape_stand_ins, unpaid = pool_sequences(scratch, sites, [canonical(t) for t in kept])

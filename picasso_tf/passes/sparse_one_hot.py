@@ -24,12 +24,10 @@ lookups too, and then stay for them):
 where f is none, one or several ops applied to each kept id (a cast, a hash, a
 vocabulary's lookup: _PER_ID), which the rewrite applies to every id of D instead.
 
-D of shape [B, 1], or [B, L] when warm-up data measured its table's positions at least
-MIN_FILL filled: over a sequence with few positions filled, reading the ids gains
-nothing over the conversion (benchmarks/padded_ids.py), and how full a sequence is
-belongs to the data, so without warm-up data longer ids keep their form.
+D of shape [B, 1] or [B, L]: reading padded ids as the kept ones pays however few of
+their positions are filled, one pass over the positions where the conversion makes
+several (benchmarks/padded_ids.py).
 """
-import collections
 import dataclasses
 
 import tensorflow as tf
@@ -38,60 +36,22 @@ from picasso_tf.graph.graph_def_util import canonical
 from picasso_tf.ops.kept_ids import kept_ids, kept_segments
 
 
-# The share of a table's padded positions holding an id from which reading them pays
-# (benchmarks/padded_ids.py; docs/benchmarks.md).
-MIN_FILL = 0.4
-
-
-def read_one_hot_ids(graph, sites, statistics, refused=None):
+def read_one_hot_ids(graph, sites, refused=None):
     """(sites, outputs, kept): the sites of a tf.Graph holding the captured graph, each
     safe_embedding_lookup_sparse of padded ids made sparse replaced by a lookup of the
-    ids themselves where that pays; the outputs of the sites so replaced; and {output:
-    why} of those left sparse (every [B, L] one that does not pay; every one when
-    `refused`, a reason, says none may be read so). statistics: the Program's."""
-    matches = {id(site): _match(graph, site) for site in sites}
-    fill = _fill_by_table(sites, matches, statistics)
+    ids themselves; the outputs of the sites so replaced; and {output: why} of those left
+    sparse (every one when `refused`, a reason, says none may be read so)."""
     read, changed, kept = [], [], {}
     for site in sites:
-        match = matches[id(site)]
-        length = None if match is None else match[0].shape[1]
+        match = _match(graph, site)
         if match is not None and refused:
             kept[site.output], match = refused, None
-        if match is not None and length > 1 and fill.get(site.variable_name, 0.0) < MIN_FILL:
-            if site.variable_name in fill:
-                kept[site.output] = (f"{fill[site.variable_name]:.0%} of its table's {length} positions hold an id "
-                                     f"in the warm-up batches, under the {MIN_FILL:.0%} from which reading them "
-                                     "pays")
-            elif statistics.batch_size is not None:
-                kept[site.output] = (f"{length} padded positions whose fill the warm-up cannot tell: their table "
-                                     "is also read by other lookups, whose ids it counts with theirs")
-            else:
-                kept[site.output] = (f"{length} padded positions: pass warmup_data to picasso_tf.optimize to "
-                                     f"measure how full they are (read as they are from {MIN_FILL:.0%} filled)")
-            match = None
         if match is None:
             read.append(site)
             continue
         read.append(_rewrite(graph, site, *match))
         changed.append(read[-1].output)
     return read, changed, kept
-
-
-def _fill_by_table(sites, matches, statistics):
-    """{table: the share of its sites' padded positions holding an id the conversion
-    keeps, in the warm-up batches}, for tables read only by matched sites; empty without
-    warm-up batches."""
-    if statistics.batch_size is None:
-        return {}
-    positions, unmatched = collections.defaultdict(int), set()
-    for site in sites:
-        match = matches[id(site)]
-        if match is None:
-            unmatched.add(site.variable_name)
-        else:
-            positions[site.variable_name] += match[0].shape[1]
-    return {table: statistics.accesses.get(table, 0.0) / count for table, count in positions.items()
-            if table not in unmatched}
 
 
 def _match(graph, site):
