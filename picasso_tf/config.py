@@ -58,8 +58,10 @@ class Config:
       would move the rows they read, nor on several ranks); the report's
       sparse_one_hot_read_as_ids names them. Padded [B, L] ids made sparse so are read
       as the ids the conversion keeps and the row of each, in one op (the kernels never
-      pass over the padding); the report's sparse_ids_kept_sparse says why any kept
-      their form.
+      pass over the padding), where no per-id op (a hash, a vocabulary) applies and the
+      dropped value is 0 or below; others are read weighted, every position passed over,
+      only where warm-up data shows at least 40% of their positions filled. The report's
+      sparse_ids_kept_sparse says why any kept their form.
     same_ids_stacking: where tables always looked up with the same ids are concatenated
       one per part, the same way in each part (MLR's region and learner parts keep a
       width-1 table per feature each), look each feature's tables up once, as the columns

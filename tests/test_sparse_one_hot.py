@@ -3,8 +3,10 @@ tf.nn.safe_embedding_lookup_sparse of [B, 1] ids turned into a SparseTensor (by
 tf.sparse.from_dense, or by a feature column dropping its ignored value) trains as in
 Keras when the fused lookup reads the ids themselves: ignored ids, negative ids and rows
 with no id left alike, for every combiner. Longer ids are read so too, as the ids the
-conversion keeps and the row of each, however few of their positions are filled; where
-an option needs the sparse form's rows, every one keeps it, saying why."""
+conversion keeps and the row of each, however few of their positions are filled; those
+only readable weighted (a dropped value above 0, per-id ops) where warm-up data shows
+enough of their positions filled. Where an option needs the sparse form's rows, every
+one keeps it, saying why."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -61,8 +63,44 @@ def warmup(features, labels):
     return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH)
 
 
+class Ignoring(tf.keras.layers.Layer):
+    """[B, 3] ids made sparse as a feature column does, dropping its ignored value (-1: id
+    0 is a real id; 7: only readable weighted)."""
+
+    def __init__(self, ignored, combiner="mean", **kwargs):
+        super().__init__(**kwargs)
+        self.ignored, self.combiner = ignored, combiner
+
+    def build(self, shape):
+        self.table = self.add_weight("t", (VOCAB, DIM), initializer="glorot_uniform")
+
+    def call(self, ids):
+        kept = tf.where(tf.not_equal(ids, self.ignored))
+        sparse = tf.SparseTensor(kept, tf.gather_nd(ids, kept), tf.shape(ids, out_type=tf.int64))
+        return tf.nn.safe_embedding_lookup_sparse(self.table, sparse, combiner=self.combiner)
+
+
+def build_ignoring(ignored, combiner="mean", id_dtype="int64"):
+    ids = tf.keras.Input((3,), dtype=id_dtype, name="three")
+    hidden = tf.keras.layers.Dense(8, activation="relu")(Ignoring(ignored, combiner)(ids))
+    return tf.keras.Model(ids, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
+
+
+def ignoring_data(steps, ignored, filled, id_dtype="int64"):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, VOCAB, (BATCH * steps, 3))
+    ids[ids == ignored] = 0
+    ids[rng.random(ids.shape) >= filled] = ignored
+    ids[::5] = ignored                                  # rows with no id left
+    return {"three": ids.astype(id_dtype)}, (rng.random(len(ids)) < 0.4).astype("float32")
+
+
 def _k_packing(model):
     return next(p for p in model.picasso.reports["training"]["passes"] if p["pass"] == "k_packing")
+
+
+def _op_count(model, op_type):
+    return sum(node.op == op_type for node in model.picasso.program.graphs["training"].graph_def.node)
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam", "ftrl"])
@@ -100,8 +138,42 @@ def test_longer_ids_are_read_as_they_are_without_warm_up_data_however_few_are_fi
     optimized = picasso_tf.optimize(original)
     report = _k_packing(optimized)
     assert report["sparse_one_hot_read_as_ids"] == ["one"] * 3 + ["three", "one"], optimized.picasso.report()
-    assert not report["sparse_ids_kept_sparse"]
+    assert not report["sparse_ids_kept_sparse"] and _op_count(optimized, "PicassoKeptSegments") == 1
     features, labels = data(8, three_filled=0.1)
+    assert_train_alike(baseline, optimized, features, labels, "adagrad", BATCH, 8, atol=1e-6, weights_rtol=1e-5)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("id_dtype", ["int32", "int64"])
+def test_ids_dropping_minus_one_are_read_as_the_kept_ids_and_train_as_keras(combiner, id_dtype):
+    """-1 dropped, as an int feature column does: id 0 is kept, rows of only -1 get zeros."""
+    tf.keras.utils.set_random_seed(0)
+    baseline, original = build_ignoring(-1, combiner, id_dtype), build_ignoring(-1, combiner, id_dtype)
+    original.set_weights(baseline.get_weights())
+    optimized = picasso_tf.optimize(original)
+    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["three"], optimized.picasso.report()
+    assert _op_count(optimized, "PicassoKeptSegments") == 1
+    features, labels = ignoring_data(8, -1, 0.6, id_dtype)
+    assert_train_alike(baseline, optimized, features, labels, "adagrad", BATCH, 8, atol=1e-6, weights_rtol=1e-5)
+
+
+def test_ids_only_readable_weighted_stay_sparse_without_warm_up_data_or_where_few_are_filled():
+    """Dropping 7, the ids can only be read weighted, every position passed over: that
+    costs more than the conversion over a few ids, and how full the sequences are is
+    the data's, so measured on the warm-up batches, or they keep their form, saying why."""
+    report = _k_packing(picasso_tf.optimize(build_ignoring(7)))
+    assert not report["sparse_one_hot_read_as_ids"]
+    assert "pass warmup_data" in report["sparse_ids_kept_sparse"]["three"]
+    few = _k_packing(picasso_tf.optimize(build_ignoring(7), warmup_data=warmup(*ignoring_data(4, 7, 0.3))))
+    assert not few["sparse_one_hot_read_as_ids"]
+    assert "positions hold an id in the warm-up batches, under the 40%" in few["sparse_ids_kept_sparse"]["three"]
+    tf.keras.utils.set_random_seed(0)
+    baseline, original = build_ignoring(7), build_ignoring(7)
+    original.set_weights(baseline.get_weights())
+    features, labels = ignoring_data(8, 7, 0.9)
+    optimized = picasso_tf.optimize(original, warmup_data=warmup(features, labels))
+    assert _k_packing(optimized)["sparse_one_hot_read_as_ids"] == ["three"], optimized.picasso.report()
+    assert _op_count(optimized, "PicassoKeptSegments") == 0
     assert_train_alike(baseline, optimized, features, labels, "adagrad", BATCH, 8, atol=1e-6, weights_rtol=1e-5)
 
 
@@ -170,27 +242,10 @@ def test_a_gradient_tape_loop_trains_as_keras_with_the_ids_read_as_they_are():
         np.testing.assert_allclose(o.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=b.name)
 
 
-class IgnoringMinusOne(tf.keras.layers.Layer):
-    """[B, 3] ids made sparse as a feature column does, dropping -1: id 0 is a real id."""
-
-    def build(self, shape):
-        self.table = self.add_weight("t", (VOCAB, DIM), initializer="glorot_uniform")
-
-    def call(self, ids):
-        kept = tf.where(tf.not_equal(ids, -1))
-        sparse = tf.SparseTensor(kept, tf.gather_nd(ids, kept), tf.shape(ids, out_type=tf.int64))
-        return tf.nn.safe_embedding_lookup_sparse(self.table, sparse, combiner="mean")
-
-
 def test_under_a_lazy_optimizer_the_ids_stay_sparse_and_rows_they_drop_are_not_moved():
     """Read as they are, the ids would touch other rows than the sparse form, which gives
     each row of no ids (all -1) the id 0: a touched row, which lazy Adam moves by its
     moments though its gradient is 0. Row 0 is looked up by an id in the first batch only."""
-    def build_minus_one():
-        ids = tf.keras.Input((3,), dtype=tf.int64, name="three")
-        hidden = tf.keras.layers.Dense(8, activation="relu")(IgnoringMinusOne()(ids))
-        return tf.keras.Model(ids, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
-
     rng = np.random.default_rng(0)
     ids = rng.integers(1, VOCAB, (BATCH * 8, 3))
     ids[rng.random(ids.shape) < 0.3] = -1
@@ -199,7 +254,7 @@ def test_under_a_lazy_optimizer_the_ids_stay_sparse_and_rows_they_drop_are_not_m
     trained = {}
     for pooling in (True, False):           # sequence_pooling=False: every lookup keeps its form
         tf.keras.utils.set_random_seed(0)
-        model = picasso_tf.optimize(build_minus_one(), lazy_optimizer=True, sequence_pooling=pooling,
+        model = picasso_tf.optimize(build_ignoring(-1), lazy_optimizer=True, sequence_pooling=pooling,
                                     warmup_data=warmup({"three": ids}, labels))
         if pooling:
             report = _k_packing(model)

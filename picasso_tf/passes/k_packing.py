@@ -41,8 +41,8 @@ _ID_PASSTHROUGH = {**dict.fromkeys(("Identity", "Cast", "Reshape", "ExpandDims",
 
 def _why_sparse_ids_stay_sparse(config):
     """Why no padded ids made sparse may be read as they are under `config`, or None.
-    Read so, they look up other rows than the sparse form: [B, 1] ids the positions it
-    drops (weighted 0), [B, L] ids not the default id it gives a row left with no id."""
+    Read so, they look up other rows than the sparse form: read weighted, the positions
+    it drops (weighted 0); read as the kept ids, not the id 0 it gives a row of no ids."""
     if config.lazy_optimizer:
         return ("lazy_optimizer: read as they are, the ids would touch other rows than the sparse form's "
                 "(the positions it drops, weighted 0; not the id 0 it gives a row of no ids), and a lazy "
@@ -69,7 +69,8 @@ def k_packing(program, graph, config):
     edits.removed |= stand_in_nodes
     sites, unpaid, one_hot_read, kept_sparse = analysis.sites, [], [], {}
     if config.sequence_pooling:
-        sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, _why_sparse_ids_stay_sparse(config))
+        sites, one_hot_read, kept_sparse = read_one_hot_ids(scratch, sites, program.statistics,
+                                                            _why_sparse_ids_stay_sparse(config))
         kept = captured.output_tensors + captured.mask_tensors + captured.logit_tensors + (
             [captured.regularization_loss] if captured.regularization_loss else [])
         sites, shape_stand_ins, unpaid = pool_sequences(scratch, sites, [canonical(t) for t in kept])

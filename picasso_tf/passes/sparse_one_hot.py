@@ -4,10 +4,11 @@ dropping an ignored value, for tf.nn.safe_embedding_lookup_sparse, which drops
 negative ids, gives rows with no id zeros, and pools the rest by segment. Per feature
 and step that is a dozen small ops around the lookup (Where, GatherNd, SparseReshape,
 the pruning gathers, SparseFillEmptyRows, the empty rows' Select), kept by the fused
-lookup of the "sparse" pattern. Here such a lookup reads the ids as they are, in one op:
-[B, 1] ids pooled by row, each weighted 1 where the conversion keeps it and 0 where it
-does not (read as id 0); [B, L] ids as the ids the conversion keeps and the row of each
-(PicassoKeptSegments), so that the kernels never pass over the padding. The same sums,
+lookup of the "sparse" pattern. Here such a lookup reads the ids as they are: [B, L]
+ids, where one op can tell which the conversion keeps, as those ids and the row of each
+(PicassoKeptSegments), so that the kernels never pass over the padding; [B, 1] ids and
+the others pooled by row, each weighted 1 where the conversion keeps it and 0 where it
+does not (read as id 0), in one op where it can tell them (PicassoKeptIds). The same sums,
 means and square-root means, and zeros where no id is left, as the kernels divide like
 div_no_nan.
 
@@ -24,10 +25,14 @@ lookups too, and then stay for them):
 where f is none, one or several ops applied to each kept id (a cast, a hash, a
 vocabulary's lookup: _PER_ID), which the rewrite applies to every id of D instead.
 
-D of shape [B, 1] or [B, L]: reading padded ids as the kept ones pays however few of
-their positions are filled, one pass over the positions where the conversion makes
-several (benchmarks/padded_ids.py).
+D of shape [B, 1] or [B, L]. [B, L] ids PicassoKeptSegments can read (no per-id ops, a
+dropped value <= 0) are read at any fill: one pass over the positions where the
+conversion makes several (benchmarks/padded_ids.py). The others can only be read
+weighted, every position passed over, so only where warm-up data measured their table's
+positions at least MIN_FILL filled; how full a sequence is belongs to the data, so
+without warm-up data they keep their form.
 """
+import collections
 import dataclasses
 
 import tensorflow as tf
@@ -36,22 +41,65 @@ from picasso_tf.graph.graph_def_util import canonical
 from picasso_tf.ops.kept_ids import kept_ids, kept_segments
 
 
-def read_one_hot_ids(graph, sites, refused=None):
+# The share of a table's padded positions holding an id from which reading them weighted,
+# every position, pays (the twelfth session's padded_ids.py, docs/benchmarks.md).
+MIN_FILL = 0.4
+
+
+def read_one_hot_ids(graph, sites, statistics, refused=None):
     """(sites, outputs, kept): the sites of a tf.Graph holding the captured graph, each
     safe_embedding_lookup_sparse of padded ids made sparse replaced by a lookup of the
-    ids themselves; the outputs of the sites so replaced; and {output: why} of those left
-    sparse (every one when `refused`, a reason, says none may be read so)."""
+    ids themselves where that pays; the outputs of the sites so replaced; and {output:
+    why} of those left sparse (every [B, L] one read weighted that does not pay; every
+    one when `refused`, a reason, says none may be read so). statistics: the Program's."""
+    matches = {id(site): _match(graph, site) for site in sites}
+    fill = _fill_by_table(sites, matches, statistics)
     read, changed, kept = [], [], {}
     for site in sites:
-        match = _match(graph, site)
+        match = matches[id(site)]
         if match is not None and refused:
             kept[site.output], match = refused, None
+        if match is not None and match[0].shape[1] > 1 and not _kept_segments_read(*match[:3]):
+            why = _why_weighted_stays_sparse(match[0].shape[1], fill.get(site.variable_name), statistics)
+            if why:
+                kept[site.output], match = why, None
         if match is None:
             read.append(site)
             continue
         read.append(_rewrite(graph, site, *match))
         changed.append(read[-1].output)
     return read, changed, kept
+
+
+def _why_weighted_stays_sparse(length, fill, statistics):
+    """Why [B, L] ids read weighted keep their sparse form, given their table's measured
+    fill (None where the warm-up cannot tell it), or None where reading them pays."""
+    if fill is not None:
+        return None if fill >= MIN_FILL else (
+            f"{fill:.0%} of its table's {length} positions hold an id in the warm-up batches, under the "
+            f"{MIN_FILL:.0%} from which reading them weighted (per-id ops or a dropped value above 0) pays")
+    if statistics.batch_size is not None:
+        return (f"{length} padded positions whose fill the warm-up cannot tell: their table is also read by "
+                "other lookups, whose ids it counts with theirs")
+    return (f"{length} padded positions read weighted (per-id ops or a dropped value above 0): pass warmup_data "
+            f"to picasso_tf.optimize to measure how full they are (read so from {MIN_FILL:.0%} filled)")
+
+
+def _fill_by_table(sites, matches, statistics):
+    """{table: the share of its sites' padded positions holding an id the conversion
+    keeps, in the warm-up batches}, for tables read only by matched sites; empty without
+    warm-up batches."""
+    if statistics.batch_size is None:
+        return {}
+    positions, unmatched = collections.defaultdict(int), set()
+    for site in sites:
+        match = matches[id(site)]
+        if match is None:
+            unmatched.add(site.variable_name)
+        else:
+            positions[site.variable_name] += match[0].shape[1]
+    return {table: statistics.accesses.get(table, 0.0) / count for table, count in positions.items()
+            if table not in unmatched}
 
 
 def _match(graph, site):
